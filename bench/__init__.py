@@ -1,0 +1,1 @@
+"""Benchmarks (run with ``python run.py bench ...``)."""

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""SmolVLA's single entry point.
+
+    python run.py [SCENE]                          interactive viewer (headless preview when there is no display)
+    python run.py [SCENE] --headless --frames N    headless run, results in --out DIR
+    python run.py batch SCENE... --frames N --out DIR     batches and sweeps
+    python run.py report DIR                       plots and a table for a batch
+    python run.py replay OUT_DIR                   watch a recorded trajectory
+    python run.py filter IMAGE ...                 variable-radius image filter on VLAs
+    python run.py bench vla|sim|filter|viewer ...  benchmarks
+
+This file only dispatches; the work lives in app/ and bench/.
+"""
+import sys
+
+SUBCOMMANDS = {
+    "batch": ("app.batch", "main"),
+    "report": ("app.report", "main"),
+    "replay": ("app.viewer", "replay_main"),
+    "filter": ("app.filter", "main"),
+    "bench": ("bench.cli", "main"),
+}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from app.errors import UserError
+
+    if argv and argv[0] in SUBCOMMANDS:
+        module_name, func_name = SUBCOMMANDS[argv[0]]
+        argv = argv[1:]
+    else:
+        module_name, func_name = "app.cli", "main"
+    try:
+        import importlib
+
+        func = getattr(importlib.import_module(module_name), func_name)
+        return int(func(argv) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
