@@ -1,0 +1,10 @@
+"""SmolVLA: tiered-storage variable-length arrays for Taichi kernels.
+
+    from vla import VLA, launch, VLAOverflowError, VLACapacityError
+
+See vla/core.py for the design and README.md for an example kernel.
+"""
+from .core import VLA, element_bytes, launch
+from .errors import VLACapacityError, VLAOverflowError
+
+__all__ = ["VLA", "launch", "VLAOverflowError", "VLACapacityError", "element_bytes"]

@@ -1,0 +1,882 @@
+"""Tiered-storage variable-length arrays (VLAs) for Taichi.
+
+A :class:`VLA` holds ``num_arrays`` lists that kernels grow with :meth:`VLA.append`. Storage tiers:
+
+* **inline** (tier 1): the first ``inline_capacity`` elements of every list in one dense
+  structure-of-arrays field laid out ``[k, i]``, so neighbouring threads (lists ``i``, ``i+1``) touch
+  neighbouring addresses. No indirection.
+* **pool** (tier 2): fixed-size chunks of ``chunk_size`` elements in one global pool. List ``i`` owns
+  the chunks ``chunk_table[table_start[i] : table_start[i+1]]`` (a CSR chunk table), so element ``k``
+  is found in O(1): ``pool[chunk_table[table_start[i] + (k-ic) // cs] * cs + (k-ic) % cs]``.
+* **block shared memory** (tier 3, CUDA): see :mod:`vla.shared`.
+
+Why no element is ever lost, without compare-and-swap (Taichi 1.7.4 has only atomic add/min/max/...):
+an append takes its slot with one ``atomic_add`` on the list's length. If the slot lies inside the
+list's inline part or its already-owned chunks, the element goes home directly. Otherwise it goes to
+an overflow area through an atomic bump, tagged with (list, slot). :meth:`VLA.commit` then gives each
+list the chunks its length now needs (device-side prefix sum), and moves the overflowed elements home.
+If even the overflow area was too small, ``commit`` grows everything to the demand it saw and raises
+:class:`VLAOverflowError`; :func:`vla.launch` catches that, rolls the lengths back and runs the kernel
+again, so a caller that uses ``launch`` never loses an element.
+
+Capacity is memoised: ``clear`` sets a length to 0 and keeps the chunks, so refilling allocates
+nothing. :meth:`VLA.trim` compacts the pool and releases what the current lengths do not need.
+
+Growing a pool replaces a Taichi SNode tree. Compiled kernels address a tree through the runtime's
+root table by tree id, and Taichi hands a destroyed tree's id to the next tree; so when the new tree
+gets the old id, every kernel already compiled against this VLA stays valid and nothing recompiles.
+When it does not (or in debug mode, where bounds checks bake field shapes into code), all compiled
+kernels are dropped and recompile on next use: slower, never wrong.
+"""
+
+import math
+import weakref
+
+import numpy as np
+import taichi as ti
+from taichi.lang.util import to_numpy_type
+from taichi._lib import core as _ti_core
+from taichi.lang import impl
+from taichi.lang.field import ScalarField
+from taichi.lang.matrix import MatrixType
+from taichi.lang.struct import StructType
+
+from .errors import VLACapacityError, VLAOverflowError
+from .scan import Scanner
+
+_I32_MAX = 2**31 - 1
+_nd = ti.types.ndarray()
+_i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+# Every live VLA, so that launch() can find the ones a kernel touched when its arguments do not say.
+_LIVE: "weakref.WeakSet[VLA]" = weakref.WeakSet()
+
+
+# ----------------------------------------------------------------------------------------------------
+# dtype helpers
+# ----------------------------------------------------------------------------------------------------
+def _is_primitive(dtype) -> bool:
+    return isinstance(dtype, _ti_core.DataType)
+
+
+def _check_dtype(dtype):
+    if _is_primitive(dtype) or isinstance(dtype, (MatrixType, StructType)):
+        return
+    raise TypeError(
+        f"VLA dtype must be a Taichi scalar type (ti.i32, ti.f32, ...), ti.types.vector/matrix or "
+        f"ti.types.struct; got {dtype!r}"
+    )
+
+
+def _leaves(dtype, path=()):
+    """Scalar/matrix leaves of a dtype as (path, leaf dtype); path () for non-struct dtypes."""
+    if isinstance(dtype, StructType):
+        out = []
+        for name, member in dtype.members.items():
+            out += _leaves(member, path + (name,))
+        return out
+    return [(path, dtype)]
+
+
+def _leaf_bytes(dtype) -> int:
+    if isinstance(dtype, MatrixType):
+        return dtype.n * (dtype.m if dtype.ndim == 2 else 1) * _ti_core.data_type_size(dtype.dtype)
+    return _ti_core.data_type_size(dtype)
+
+
+def element_bytes(dtype) -> int:
+    """Bytes of one element of ``dtype`` (sum over struct members, no padding)."""
+    return sum(_leaf_bytes(dt) for _, dt in _leaves(dtype))
+
+
+def _new_unplaced(dtype):
+    return ti.field(dtype) if _is_primitive(dtype) else dtype.field()
+
+
+def _leaf_field(field, path):
+    """The member field of a (struct) field at ``path``; evaluated at kernel compile time."""
+    for name in path:
+        field = field.field_dict[name]
+    return field
+
+
+def _inline_leaf(v, path):
+    """The inline tier's member field at ``path`` (the pool's when there is no inline tier; unused then)."""
+    return _leaf_field(v.inline if v.inline is not None else v.pool, path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Internal kernels (free functions; ``v`` is the VLA, compiled once per VLA instance)
+# ----------------------------------------------------------------------------------------------------
+@ti.kernel
+def _k_field_leaf_to_nd(v: ti.template(), attr: ti.template(), path: ti.template(), out: _nd, n: ti.i32):
+    f = ti.static(_leaf_field(getattr(v, attr), path))
+    for j in range(n):
+        out[j] = f[j]
+
+
+@ti.kernel
+def _k_nd_to_field_leaf(v: ti.template(), attr: ti.template(), path: ti.template(), src: _nd, n: ti.i32):
+    f = ti.static(_leaf_field(getattr(v, attr), path))
+    for j in range(n):
+        f[j] = src[j]
+
+
+@ti.kernel
+def _k_lengths_to_nd(v: ti.template(), out: _i32_nd):
+    for i in range(v.num_arrays):
+        out[i] = v.length_field[i]
+
+
+@ti.kernel
+def _k_nd_to_lengths(v: ti.template(), src: _i32_nd):
+    for i in range(v.num_arrays):
+        v.length_field[i] = src[i]
+
+
+@ti.kernel
+def _k_clear_all(v: ti.template()):
+    for i in range(v.num_arrays):
+        v.length_field[i] = 0
+
+
+@ti.kernel
+def _k_extra_chunks(v: ti.template(), demand: _i32_nd, extra: _i32_nd):
+    """extra[i] = chunks list i must gain to hold demand[i] elements."""
+    for i in range(v.num_arrays):
+        need = v._chunks_for(demand[i])
+        have = v.table_start[i + 1] - v.table_start[i]
+        extra[i] = ti.max(0, need - have)
+
+
+@ti.kernel
+def _k_table_to_nd(v: ti.template(), tab: _i32_nd, own: _i32_nd, n: ti.i32):
+    for t in range(n):
+        tab[t] = v.chunk_table[t]
+        own[t] = v.table_owner[t]
+
+
+@ti.kernel
+def _k_grow_table(v: ti.template(), tab: _i32_nd, own: _i32_nd, n_old: ti.i32, extra_off: _i32_nd, bump: ti.i32):
+    # Old entries keep their order and shift right by the extra chunks of all lists before theirs.
+    for t in range(n_old):
+        o = own[t]
+        nt = t + extra_off[o]
+        v.chunk_table[nt] = tab[t]
+        v.table_owner[nt] = o
+    # New chunks come from the bump range [bump, bump + total) and go at the end of their list.
+    for i in range(v.num_arrays):
+        e = extra_off[i + 1] - extra_off[i]
+        base = v.table_start[i + 1] + extra_off[i]
+        for c in range(e):
+            v.chunk_table[base + c] = bump + extra_off[i] + c
+            v.table_owner[base + c] = i
+    for i in range(v.num_arrays + 1):
+        v.table_start[i] += extra_off[i]
+
+
+@ti.kernel
+def _k_keep_chunks(v: ti.template(), keep: _i32_nd):
+    for i in range(v.num_arrays):
+        have = v.table_start[i + 1] - v.table_start[i]
+        keep[i] = ti.min(have, v._chunks_for(v.length_field[i]))
+
+
+@ti.kernel
+def _k_compact_leaf(
+    v: ti.template(), path: ti.template(), tab: _i32_nd, own: _i32_nd, n_old: ti.i32, keep_off: _i32_nd, out: _nd
+):
+    """Copy the kept chunks of every list, in list order, into out (chunk t' at out[t'*cs ...])."""
+    f = ti.static(_leaf_field(v.pool, path))
+    for t, j in ti.ndrange(n_old, v.chunk_size):
+        o = own[t]
+        r = t - v.table_start[o]
+        if r < keep_off[o + 1] - keep_off[o]:
+            out[(keep_off[o] + r) * v.chunk_size + j] = f[tab[t] * v.chunk_size + j]
+
+
+@ti.kernel
+def _k_compact_table(v: ti.template(), own: _i32_nd, n_old: ti.i32, keep_off: _i32_nd):
+    for t in range(n_old):
+        o = own[t]
+        r = t - v.table_start[o]
+        if r < keep_off[o + 1] - keep_off[o]:
+            nt = keep_off[o] + r
+            v.chunk_table[nt] = nt
+            v.table_owner[nt] = o
+    for i in range(v.num_arrays + 1):
+        v.table_start[i] = keep_off[i]
+
+
+@ti.kernel
+def _k_move_overflow_home(v: ti.template(), n: ti.i32):
+    for o in range(n):
+        meta = v.ovf_meta[o]
+        v._store_owned(meta[0], meta[1], v.ovf_value[o])
+
+
+@ti.kernel
+def _k_gather_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, out: _nd):
+    """Pack every live element's leaf into out, list by list (to_csr). Flat and coalesced."""
+    inl = ti.static(_inline_leaf(v, path))
+    pool = ti.static(_leaf_field(v.pool, path))
+    for e in range(v.flat_size()):
+        i, k = v.flat_index(e)
+        if i >= 0:
+            if ti.static(v.inline_capacity > 0):
+                if k < v.inline_capacity:
+                    out[offsets[i] + k] = inl[k, i]
+                else:
+                    out[offsets[i] + k] = pool[v._pool_addr(i, k)]
+            else:
+                out[offsets[i] + k] = pool[v._pool_addr(i, k)]
+
+
+@ti.kernel
+def _k_scatter_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, owner: _i32_nd, src: _nd, total: ti.i32):
+    """Write packed CSR values home (from_csr); capacity was reserved beforehand."""
+    inl = ti.static(_inline_leaf(v, path))
+    pool = ti.static(_leaf_field(v.pool, path))
+    for e in range(total):
+        i = owner[e]
+        k = e - offsets[i]
+        if ti.static(v.inline_capacity > 0):
+            if k < v.inline_capacity:
+                inl[k, i] = src[e]
+            else:
+                pool[v._pool_addr(i, k)] = src[e]
+        else:
+            pool[v._pool_addr(i, k)] = src[e]
+
+
+@ti.kernel
+def _k_sum_lengths(v: ti.template()) -> ti.i64:
+    s = ti.i64(0)
+    for i in range(v.num_arrays):
+        s += v.length_field[i]
+    return s
+
+
+# ----------------------------------------------------------------------------------------------------
+# The container
+# ----------------------------------------------------------------------------------------------------
+@ti.data_oriented
+class VLA:
+    """``num_arrays`` variable-length lists of ``dtype`` elements on the device.
+
+    Args:
+        num_arrays: number of lists (> 0).
+        dtype: a Taichi scalar type, ``ti.types.vector``/``matrix``, or ``ti.types.struct``.
+        inline_capacity: elements per list stored inline (tier 1, compile-time constant, >= 0).
+        chunk_size: elements per pool chunk (tier 2, compile-time constant, a power of two).
+        reserve: ``None``; an int, pool elements to pre-allocate (assigned to lists as they need
+            them); or an array of ``num_arrays`` expected lengths, pre-assigned to each list.
+        overflow_capacity: elements the overflow area holds before commit must grow it
+            (default ``max(1024, num_arrays // 8)``); it grows on demand.
+        name: used in error messages.
+
+    Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
+    :meth:`clear`, :meth:`flat_size`, :meth:`flat_index`, :meth:`get_inline`.
+    """
+
+    def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
+                 overflow_capacity=None, name="vla"):
+        for arg, val, low in (("num_arrays", num_arrays, 1), ("inline_capacity", inline_capacity, 0),
+                              ("chunk_size", chunk_size, 1)):
+            if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+                raise TypeError(f"VLA {arg} must be an int, got {type(val).__name__} {val!r}")
+            if val < low:
+                raise ValueError(f"VLA {arg} must be >= {low}, got {val}")
+        if chunk_size & (chunk_size - 1):
+            raise ValueError(f"VLA chunk_size must be a power of two (1, 2, 4, ...), got {chunk_size}")
+        _check_dtype(dtype)
+        if overflow_capacity is not None and (not isinstance(overflow_capacity, (int, np.integer))
+                                              or overflow_capacity < 1):
+            raise ValueError(f"VLA overflow_capacity must be a positive int, got {overflow_capacity!r}")
+        if num_arrays * max(inline_capacity, 1) > _I32_MAX:
+            raise VLACapacityError(
+                f"VLA {name!r}: num_arrays * inline_capacity = {num_arrays * inline_capacity} exceeds the "
+                f"32-bit index space; lower inline_capacity or split the VLA")
+
+        self.name = name
+        self.num_arrays = int(num_arrays)
+        self.dtype = dtype
+        self.inline_capacity = int(inline_capacity)
+        self.chunk_size = int(chunk_size)
+        self._chunk_shift = int(chunk_size).bit_length() - 1
+        self._leaves = _leaves(dtype)
+        self.element_bytes = element_bytes(dtype)
+        self._debug = bool(impl.current_cfg().debug)
+
+        n = self.num_arrays
+        # Fixed tier: never reallocated. Inline storage is SoA and [k, i]-major (coalesced).
+        fb = ti.FieldsBuilder()
+        self.length_field = ti.field(ti.i32)
+        self.table_start = ti.field(ti.i32)
+        self._scalars = ti.field(ti.i32)  # [0] overflow count, [1] overflow capacity, [2] table size
+        fb.dense(ti.i, n).place(self.length_field)
+        fb.dense(ti.i, n + 1).place(self.table_start)
+        fb.dense(ti.i, 4).place(self._scalars)
+        self.inline = None
+        if self.inline_capacity > 0:
+            self.inline = _new_unplaced(dtype)
+            for member in self.inline._get_field_members():
+                fb.dense(ti.ij, (self.inline_capacity, n)).place(ScalarField(member))
+        self._fixed_tree = fb.finalize()
+
+        # Growable tier: one field per SNode tree so a tree can be replaced without moving the others.
+        self._trees = {}
+        self._caps = {}
+        self.pool = self.chunk_table = self.table_owner = self.ovf_value = self.ovf_meta = None
+        self._bump = 0              # chunks handed out to lists: [0, bump) are in the table
+        self.grow_events = 0
+        self.overflow_events = 0
+        self.recompile_events = 0
+
+        reserve_lengths = None
+        reserve_elems = 0
+        if reserve is not None:
+            if isinstance(reserve, (int, np.integer)) and not isinstance(reserve, bool):
+                if reserve < 0:
+                    raise ValueError(f"VLA reserve must be >= 0, got {reserve}")
+                reserve_elems = int(reserve)
+            else:
+                reserve_lengths = np.asarray(reserve)
+                if reserve_lengths.shape != (n,) or not np.issubdtype(reserve_lengths.dtype, np.integer):
+                    raise ValueError(f"VLA reserve as per-array lengths must be integers of shape ({n},), got "
+                                     f"{reserve_lengths.dtype} {reserve_lengths.shape}")
+                if (reserve_lengths < 0).any():
+                    raise ValueError("VLA reserve lengths must be >= 0")
+
+        pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
+        self._alloc("pool", dtype, pool_chunks * self.chunk_size)
+        self._caps["pool_chunks"] = pool_chunks
+        self._alloc("chunk_table", ti.i32, pool_chunks)
+        self._alloc("table_owner", ti.i32, pool_chunks)
+        ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 8)
+        self._default_ovf = ovf
+        self._alloc("ovf_value", dtype, ovf)
+        self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
+        self._scalars[1] = ovf
+        self._scanner = Scanner(n + 1)
+        self._scratch = {}
+        _LIVE.add(self)
+        if reserve_lengths is not None:
+            self._reserve_for(reserve_lengths.astype(np.int32))
+
+    # ------------------------------------------------------------------ kernel-side API
+    @ti.func
+    def append(self, i, x):
+        """Append x to list i (thread-safe). Returns x's index in list i."""
+        assert i >= 0 and i < self.num_arrays, "VLA.append: list index out of range"
+        slot = ti.atomic_add(self.length_field[i], 1)
+        if ti.static(self.inline_capacity > 0):
+            if slot < self.inline_capacity:
+                self.inline[slot, i] = x
+            else:
+                self._store_new(i, slot, x)
+        else:
+            self._store_new(i, slot, x)
+        return slot
+
+    @ti.func
+    def length(self, i):
+        """Number of elements in list i."""
+        return self.length_field[i]
+
+    @ti.func
+    def get(self, i, k):
+        """Element k of list i (0 <= k < length(i)); O(1), no chain walk."""
+        assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.get: index out of range"
+        r = self._zero()
+        if ti.static(self.inline_capacity > 0):
+            if k < self.inline_capacity:
+                r = self.inline[k, i]
+            else:
+                r = self.pool[self._pool_addr(i, k)]
+        else:
+            r = self.pool[self._pool_addr(i, k)]
+        return r
+
+    @ti.func
+    def get_inline(self, i, k):
+        """Fast path for callers that know k < inline_capacity statically: no branch, no table."""
+        ti.static_assert(self.inline_capacity > 0, "VLA.get_inline needs inline_capacity > 0")
+        return self.inline[k, i]
+
+    @ti.func
+    def set(self, i, k, x):
+        """Overwrite element k (< length(i)) of list i."""
+        assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.set: index out of range"
+        if ti.static(self.inline_capacity > 0):
+            if k < self.inline_capacity:
+                self.inline[k, i] = x
+            else:
+                self.pool[self._pool_addr(i, k)] = x
+        else:
+            self.pool[self._pool_addr(i, k)] = x
+
+    @ti.func
+    def clear(self, i):
+        """Empty list i; its storage stays reserved for the next fill."""
+        self.length_field[i] = 0
+
+    @ti.func
+    def flat_size(self):
+        """Number of storage slots (inline + owned chunks) that flat_index() maps."""
+        return self.inline_capacity * self.num_arrays + self._scalars[2] * self.chunk_size
+
+    @ti.func
+    def flat_index(self, e):
+        """(list, index) of storage slot e, or (-1, -1) when slot e holds no live element.
+
+        Slots run over the inline tier ([k, i] order) then over the chunk table in list order, so a
+        loop over range(flat_size()) is load-balanced and reads memory in order.
+        """
+        i = -1
+        k = -1
+        n_inline = self.inline_capacity * self.num_arrays
+        if e < n_inline:
+            kk = e // self.num_arrays
+            ii = e - kk * self.num_arrays
+            if kk < self.length_field[ii]:
+                i = ii
+                k = kk
+        else:
+            q = e - n_inline
+            t = q >> self._chunk_shift
+            o = self.table_owner[t]
+            kk = self.inline_capacity + ((t - self.table_start[o]) << self._chunk_shift) + (q & (self.chunk_size - 1))
+            if kk < self.length_field[o]:
+                i = o
+                k = kk
+        return i, k
+
+    # ------------------------------------------------------------------ kernel-side internals
+    @ti.func
+    def _zero(self):
+        if ti.static(_is_primitive(self.dtype)):
+            return ti.cast(0, self.dtype)
+        else:
+            return self.dtype(0)
+
+    @ti.func
+    def _chunks_for(self, n):
+        return (ti.max(0, n - self.inline_capacity) + self.chunk_size - 1) >> self._chunk_shift
+
+    @ti.func
+    def _pool_addr(self, i, k):
+        p = k - self.inline_capacity
+        return (self.chunk_table[self.table_start[i] + (p >> self._chunk_shift)] << self._chunk_shift) + (
+            p & (self.chunk_size - 1))
+
+    @ti.func
+    def _store_owned(self, i, slot, x):
+        self.pool[self._pool_addr(i, slot)] = x
+
+    @ti.func
+    def _store_new(self, i, slot, x):
+        p = slot - self.inline_capacity
+        t = self.table_start[i] + (p >> self._chunk_shift)
+        if t < self.table_start[i + 1]:
+            self.pool[(self.chunk_table[t] << self._chunk_shift) + (p & (self.chunk_size - 1))] = x
+        else:
+            # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
+            o = ti.atomic_add(self._scalars[0], 1)
+            if o < self._scalars[1]:
+                self.ovf_value[o] = x
+                self.ovf_meta[o] = ti.Vector([i, slot])
+
+    # ------------------------------------------------------------------ host-side API
+    def commit(self):
+        """Make every element appended since the last commit readable; grow capacity as needed.
+
+        Costs one scalar read when nothing overflowed. Raises VLAOverflowError (after growing to the
+        demand) if the overflow area could not hold all overflowed elements.
+        """
+        n_ovf = int(self._scalars[0])
+        if n_ovf == 0:
+            return
+        ovf_cap = self._caps["ovf_value"]
+        demand = self._scratch_nd("demand", self.num_arrays)
+        _k_lengths_to_nd(self, demand)
+        self._grow_to(demand)
+        moved = min(n_ovf, ovf_cap)
+        if moved:
+            _k_move_overflow_home(self, moved)
+        self._scalars[0] = 0
+        self.overflow_events += 1
+        if n_ovf > ovf_cap:
+            new_cap = int(math.ceil(n_ovf * 1.2))
+            self._regrow("ovf_value", self.dtype, new_cap, 0)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap, 0)
+            self._scalars[1] = new_cap
+            raise VLAOverflowError(
+                f"VLA {self.name!r}: a kernel appended {n_ovf} elements beyond the lists' reserved chunks, but "
+                f"the overflow area holds {ovf_cap}; {n_ovf - ovf_cap} were lost. Capacity has grown to the "
+                f"demand: run the kernel through vla.launch() (which rolls back and re-runs), or clear and refill.",
+                appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
+
+    def clear_all(self):
+        """Empty every list; reserved chunks stay with their lists (lazy release)."""
+        _k_clear_all(self)
+
+    def trim(self):
+        """Compact the pool and release every chunk the current lengths do not need."""
+        self.commit()
+        n = self.num_arrays
+        keep = self._scratch_nd("keep", n)
+        keep_off = self._scratch_nd("keep_off", n + 1)
+        _k_keep_chunks(self, keep)
+        self._scanner.exclusive(keep, n, keep_off)
+        n_keep = int(keep_off[n])
+        n_old = self._bump
+        tab, own = self._table_copy(n_old)
+        leaf_tmp = []
+        for path, ldt in self._leaves:
+            out = ti.ndarray(ldt, shape=max(1, n_keep * self.chunk_size))
+            if n_keep:
+                _k_compact_leaf(self, path, tab, own, n_old, keep_off, out)
+            leaf_tmp.append(out)
+        new_chunks = max(1, n_keep)
+        self._regrow("pool", self.dtype, new_chunks * self.chunk_size, 0)
+        self._caps["pool_chunks"] = new_chunks
+        for (path, _), out in zip(self._leaves, leaf_tmp):
+            if n_keep:
+                _k_nd_to_field_leaf(self, "pool", path, out, n_keep * self.chunk_size)
+        self._regrow("chunk_table", ti.i32, new_chunks, 0)
+        self._regrow("table_owner", ti.i32, new_chunks, 0)
+        _k_compact_table(self, own, n_old, keep_off)
+        self._bump = n_keep
+        self._scalars[2] = n_keep
+        if self._caps["ovf_value"] > self._default_ovf:
+            self._regrow("ovf_value", self.dtype, self._default_ovf, 0)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf, 0)
+            self._scalars[1] = self._default_ovf
+
+    def lengths(self) -> np.ndarray:
+        """Lengths of all lists, np.int32 (num_arrays,)."""
+        out = self._scratch_nd("lengths_out", self.num_arrays)
+        _k_lengths_to_nd(self, out)
+        return out.to_numpy()
+
+    def to_csr(self):
+        """(offsets int64 (num_arrays+1,), values): values is an ndarray, or a dict of ndarrays keyed by
+        struct member ('a.b' for nested members). Compacted on the device; only live elements are copied."""
+        self.commit()
+        n = self.num_arrays
+        lens = self._scratch_nd("lengths_out", n)
+        _k_lengths_to_nd(self, lens)
+        offs = self._scratch_nd("csr_offsets", n + 1)
+        self._scanner.exclusive(lens, n, offs)
+        offsets = offs.to_numpy().astype(np.int64)
+        total = int(offsets[-1])
+        values = {}
+        for path, ldt in self._leaves:
+            out = ti.ndarray(ldt, shape=max(total, 1))
+            if total:
+                _k_gather_leaf(self, path, offs, out)
+            values[".".join(path)] = out.to_numpy()[:total]
+        if not isinstance(self.dtype, StructType):
+            values = values[""]
+        return offsets, values
+
+    def from_csr(self, offsets, values):
+        """Replace every list's contents with a CSR description (the inverse of to_csr)."""
+        offsets = np.asarray(offsets)
+        n = self.num_arrays
+        if offsets.ndim != 1 or offsets.shape[0] != n + 1:
+            raise ValueError(f"VLA {self.name!r}.from_csr: offsets must have num_arrays+1 = {n + 1} entries, "
+                             f"got shape {offsets.shape}")
+        if not np.issubdtype(offsets.dtype, np.integer):
+            raise TypeError(f"VLA {self.name!r}.from_csr: offsets must be integers, got {offsets.dtype}")
+        if offsets[0] != 0:
+            raise ValueError(f"VLA {self.name!r}.from_csr: offsets[0] must be 0, got {offsets[0]}")
+        lens = np.diff(offsets)
+        if (lens < 0).any():
+            bad = int(np.argmax(lens < 0))
+            raise ValueError(f"VLA {self.name!r}.from_csr: offsets must be non-decreasing; offsets[{bad + 1}] = "
+                             f"{offsets[bad + 1]} < offsets[{bad}] = {offsets[bad]}")
+        total = int(offsets[-1])
+        if total > _I32_MAX:
+            raise VLACapacityError(f"VLA {self.name!r}.from_csr: {total} elements exceed the 32-bit index space")
+        leaf_values = self._check_values(values, total)
+        self.commit()
+        _k_clear_all(self)
+        self._reserve_for(lens.astype(np.int32))
+        if total:
+            offs_nd = self._scratch_nd("csr_offsets", n + 1)
+            offs_nd.from_numpy(offsets.astype(np.int32))
+            owner = ti.ndarray(ti.i32, shape=total)
+            owner.from_numpy(np.repeat(np.arange(n, dtype=np.int32), lens))
+            for (path, ldt), arr in zip(self._leaves, leaf_values):
+                src = ti.ndarray(ldt, shape=total)
+                src.from_numpy(arr)
+                _k_scatter_leaf(self, path, offs_nd, owner, src, total)
+        lens_nd = self._scratch_nd("demand", n)
+        lens_nd.from_numpy(lens.astype(np.int32))
+        _k_nd_to_lengths(self, lens_nd)
+
+    def to_lists(self):
+        """Python lists (scalars), lists of numpy rows (vectors), or lists of dicts (structs)."""
+        offsets, values = self.to_csr()
+        out = []
+        for i in range(self.num_arrays):
+            a, b = offsets[i], offsets[i + 1]
+            if isinstance(values, dict):
+                out.append([{key: val[j] for key, val in values.items()} for j in range(a, b)])
+            elif values.ndim == 1:
+                out.append(values[a:b].tolist())
+            else:
+                out.append([values[j] for j in range(a, b)])
+        return out
+
+    def reserve(self, lengths):
+        """Pre-assign capacity so each list i can hold lengths[i] elements without overflow."""
+        lengths = np.asarray(lengths)
+        if lengths.shape != (self.num_arrays,) or (lengths < 0).any():
+            raise ValueError(f"VLA {self.name!r}.reserve: need {self.num_arrays} non-negative lengths, "
+                             f"got shape {lengths.shape}")
+        self._reserve_for(lengths.astype(np.int32))
+
+    def stats(self) -> dict:
+        """Live and reserved sizes. Reserved bytes count element storage and all metadata."""
+        live = int(_k_sum_lengths(self))
+        eb = self.element_bytes
+        pool_chunks = self._caps["pool_chunks"]
+        inline_elems = self.inline_capacity * self.num_arrays
+        reserved_elems = inline_elems + pool_chunks * self.chunk_size
+        ovf = self._caps["ovf_value"]
+        meta = (4 * self.num_arrays + 4 * (self.num_arrays + 1) + 16
+                + 4 * self._caps["chunk_table"] + 4 * self._caps["table_owner"] + 8 * ovf)
+        element_reserved_bytes = (reserved_elems + ovf) * eb
+        return {
+            "arrays": self.num_arrays,
+            "live_elements": live,
+            "reserved_elements": reserved_elems,
+            "live_bytes": live * eb,
+            "reserved_bytes": element_reserved_bytes + meta,
+            "element_reserved_bytes": element_reserved_bytes,
+            "metadata_bytes": meta,
+            "inline_elements": inline_elems,
+            "inline_capacity": self.inline_capacity,
+            "chunk_size": self.chunk_size,
+            "pool_chunks_used": self._bump,
+            "pool_chunks_total": pool_chunks,
+            "overflow_capacity": ovf,
+            "overflow_events": self.overflow_events,
+            "grow_events": self.grow_events,
+            "recompile_events": self.recompile_events,
+        }
+
+    @staticmethod
+    def tune(lengths, dtype=ti.i32, inline_options=(0, 1, 2, 3, 4, 6, 8, 12, 16),
+             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=4):
+        """Choose (inline_capacity, chunk_size) that minimise reserved bytes for a length histogram.
+
+        ``lengths``: observed per-list lengths. Chunks smaller than ``min_chunk_size`` are not
+        considered: each chunk costs a table entry and, on the append path, one more dependent load per
+        chunk boundary, so tiny chunks save bytes but cost speed. Returns a dict with the choice and its
+        predicted reserved/live ratio.
+        """
+        lens = np.asarray(lengths, dtype=np.int64)
+        if lens.ndim != 1 or lens.size == 0 or (lens < 0).any():
+            raise ValueError("VLA.tune: lengths must be a non-empty 1-D array of non-negative ints")
+        vals, counts = np.unique(lens, return_counts=True)
+        eb = element_bytes(dtype)
+        live = float((vals * counts).sum()) * eb
+        best = None
+        for ic in inline_options:
+            for cs in chunk_options:
+                if cs < min_chunk_size:
+                    continue
+                chunks = ((np.maximum(0, vals - ic) + cs - 1) // cs * counts).sum()
+                # per list: inline slots + length + table_start; per chunk: elements + table + owner
+                reserved = lens.size * (ic * eb + 8) + chunks * (cs * eb + 8)
+                if best is None or reserved < best[0]:
+                    best = (reserved, ic, cs)
+        reserved, ic, cs = best
+        return {"inline_capacity": int(ic), "chunk_size": int(cs), "reserved_bytes": int(reserved),
+                "live_bytes": int(live), "ratio": float(reserved / live) if live else float("inf")}
+
+    def release(self):
+        """Free the device memory now (the VLA is unusable afterwards)."""
+        for tree in self._trees.values():
+            tree.destroy()
+        self._trees = {}
+        self._fixed_tree.destroy()
+        _LIVE.discard(self)
+
+    # ------------------------------------------------------------------ host-side internals
+    def _scratch_nd(self, key, n, dtype=ti.i32):
+        nd = self._scratch.get(key)
+        if nd is None or nd.shape[0] < n:
+            nd = ti.ndarray(dtype, shape=max(n, 1))
+            self._scratch[key] = nd
+        return nd
+
+    def _table_copy(self, n):
+        tab = self._scratch_nd("tab_copy", n)
+        own = self._scratch_nd("own_copy", n)
+        if n:
+            _k_table_to_nd(self, tab, own, n)
+        return tab, own
+
+    def _alloc(self, attr, dtype, length):
+        if length > _I32_MAX:
+            raise VLACapacityError(
+                f"VLA {self.name!r}: {attr} would need {length} entries, beyond the 32-bit index space; "
+                f"use a larger chunk_size or fewer elements per VLA")
+        fb = ti.FieldsBuilder()
+        field = _new_unplaced(dtype)
+        fb.dense(ti.i, length).place(field)
+        try:
+            tree = fb.finalize()
+        except RuntimeError as e:  # device allocation failure
+            nbytes = length * element_bytes(dtype)
+            raise VLACapacityError(
+                f"VLA {self.name!r}: could not allocate {attr} of {length} elements ({nbytes / 2**20:.1f} MiB): "
+                f"{e}. Give Taichi more device memory (ti.init(device_memory_GB=...)), lower reserve, or trim()"
+            ) from None
+        setattr(self, attr, field)
+        self._trees[attr] = tree
+        self._caps[attr] = length
+        return tree
+
+    def _regrow(self, attr, dtype, new_len, keep_len):
+        """Replace tree ``attr`` with one of ``new_len`` entries, keeping its first ``keep_len``."""
+        saved = []
+        if keep_len:
+            for path, ldt in _leaves(dtype):
+                nd = ti.ndarray(ldt, shape=keep_len)
+                _k_field_leaf_to_nd(self, attr, path, nd, keep_len)
+                saved.append((path, nd))
+        # Finalise pending ti.root fields now, so they cannot take the id we are about to free.
+        impl.get_runtime().materialize()
+        old_id = self._trees[attr].id
+        self._trees[attr].destroy()
+        tree = self._alloc(attr, dtype, new_len)
+        if tree.id != old_id or self._debug:
+            impl.get_runtime().clear_compiled_functions()
+            self.recompile_events += 1
+        for path, nd in saved:
+            _k_nd_to_field_leaf(self, attr, path, nd, keep_len)
+
+    def _reserve_for(self, lengths_np):
+        demand = self._scratch_nd("demand", self.num_arrays)
+        demand.from_numpy(lengths_np)
+        self._grow_to(demand)
+
+    def _grow_to(self, demand):
+        """Give every list the chunks it needs to hold demand[i] elements (device-side)."""
+        n = self.num_arrays
+        extra = self._scratch_nd("extra", n)
+        extra_off = self._scratch_nd("extra_off", n + 1)
+        _k_extra_chunks(self, demand, extra)
+        self._scanner.exclusive(extra, n, extra_off)
+        total = int(extra_off[n])
+        if total == 0:
+            return
+        self.grow_events += 1
+        need = self._bump + total
+        if need > self._caps["pool_chunks"]:
+            # Grow with ~20% headroom over the demand seen, so the next growth is rare.
+            new_chunks = int(math.ceil(need * 1.2))
+            self._regrow("pool", self.dtype, new_chunks * self.chunk_size, self._bump * self.chunk_size)
+            self._caps["pool_chunks"] = new_chunks
+        if need > self._caps["chunk_table"]:
+            cap = self._caps["pool_chunks"]
+            self._regrow("chunk_table", ti.i32, cap, self._bump)
+            self._regrow("table_owner", ti.i32, cap, self._bump)
+        tab, own = self._table_copy(self._bump)
+        _k_grow_table(self, tab, own, self._bump, extra_off, self._bump)
+        self._bump = need
+        self._scalars[2] = need
+
+    def _check_values(self, values, total):
+        leaves = []
+        if isinstance(self.dtype, StructType):
+            if not isinstance(values, dict):
+                raise TypeError(f"VLA {self.name!r}.from_csr: struct dtype needs values as a dict of arrays keyed "
+                                f"by member, got {type(values).__name__}")
+            keys = {".".join(p) for p, _ in self._leaves}
+            if set(values) != keys:
+                raise ValueError(f"VLA {self.name!r}.from_csr: values keys {sorted(values)} != members {sorted(keys)}")
+            items = [(".".join(p), dt, values[".".join(p)]) for p, dt in self._leaves]
+        else:
+            items = [("values", self._leaves[0][1], values)]
+        for key, ldt, arr in items:
+            arr = np.asarray(arr)
+            shape = (total,)
+            if isinstance(ldt, MatrixType):
+                shape = (total, ldt.n) if ldt.ndim == 1 else (total, ldt.n, ldt.m)
+            if arr.shape != shape:
+                raise ValueError(f"VLA {self.name!r}.from_csr: {key} has shape {arr.shape}, but the offsets say "
+                                 f"{total} elements: expected {shape}")
+            base = ldt.dtype if isinstance(ldt, MatrixType) else ldt
+            leaves.append(np.ascontiguousarray(arr, dtype=to_numpy_type(base)))
+        return leaves
+
+    def __repr__(self):
+        return (f"VLA(name={self.name!r}, num_arrays={self.num_arrays}, inline_capacity={self.inline_capacity}, "
+                f"chunk_size={self.chunk_size})")
+
+
+# ----------------------------------------------------------------------------------------------------
+# launch: run a kernel so that no append is ever lost
+# ----------------------------------------------------------------------------------------------------
+def _find_vlas(obj, found, depth=0):
+    if isinstance(obj, VLA):
+        found[id(obj)] = obj
+    elif depth < 2:
+        if isinstance(obj, (list, tuple, set)):
+            for x in obj:
+                _find_vlas(x, found, depth + 1)
+        elif isinstance(obj, dict):
+            for x in obj.values():
+                _find_vlas(x, found, depth + 1)
+        elif hasattr(obj, "_data_oriented") and not isinstance(obj, type):
+            for x in vars(obj).values():
+                if isinstance(x, (VLA, list, tuple, dict)) or hasattr(x, "_data_oriented"):
+                    _find_vlas(x, found, depth + 1)
+
+
+def launch(fn, *args, vlas=None, max_retries=8):
+    """Run ``fn(*args)`` (a Taichi kernel, or a Python function launching kernels) without losing appends.
+
+    After the call every affected VLA is committed. If any of them had to drop elements, all of them
+    are rolled back to their lengths before the call (capacity has already grown to the demand) and
+    ``fn`` runs again. ``fn`` must therefore be idempotent apart from its appends: it may read anything
+    and append, but must not depend on state it modified itself during a failed attempt.
+
+    The affected VLAs are ``vlas`` if given, else those found among the arguments (also inside
+    containers and data-oriented objects, two levels deep), else every live VLA.
+    Returns what ``fn`` returned.
+    """
+    if vlas is None:
+        found = {}
+        for a in args:
+            _find_vlas(a, found)
+        vlas = list(found.values()) or list(_LIVE)
+    vlas = list(vlas)
+    snaps = []
+    for v in vlas:
+        v.commit()  # earlier, un-committed appends belong to the state we may roll back to
+        snap = ti.ndarray(ti.i32, shape=v.num_arrays)
+        _k_lengths_to_nd(v, snap)
+        snaps.append(snap)
+    for attempt in range(max_retries + 1):
+        result = fn(*args)
+        lost = []
+        for v in vlas:
+            try:
+                v.commit()
+            except VLAOverflowError as e:
+                lost.append(e)
+        if not lost:
+            return result
+        for v, snap in zip(vlas, snaps):
+            _k_nd_to_lengths(v, snap)
+    raise VLAOverflowError(
+        f"vla.launch: {getattr(fn, '__name__', fn)} still overflowed after {max_retries} retries "
+        f"(its appends are not deterministic in count?): {lost[0]}")
