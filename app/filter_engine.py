@@ -1,0 +1,145 @@
+"""FilterEngine: owns the device arrays of one image size and launches the filter kernels.
+
+Methods (the same output, see app/filter_kernels.py):
+    "vla"         one kernel, weight lists in a VLA (array r = weights of radius r)
+    "vla-staged"  CUDA only: the same with weights and image tile staged in block shared memory
+    "per-radius"  baseline (a): one kernel specialised per radius, launched per radius over its mask
+    "padded"      baseline (b): one kernel, zero-padded table of the maximum radius
+    "scipy"       baseline (c): scipy.ndimage on the CPU (host arrays, no Taichi)
+
+Taichi must be initialised before an engine is made (app.filter.init_taichi).
+"""
+from __future__ import annotations
+
+import numpy as np
+import taichi as ti
+
+from app import filter_kernels as fk
+from app.filter_ref import scipy_filter, weight_lists
+
+METHODS = ("vla", "vla-staged", "per-radius", "padded", "scipy")
+
+
+def current_arch():
+    return ti.lang.impl.current_cfg().arch
+
+
+class FilterEngine:
+    """Device state for images of one size (height, width, channels) and radii 0..max_radius.
+
+    image_in, image_out: ti.ndarray float32 (H, W, C); radius: ti.ndarray int32 (H, W);
+    weights: VLA of float32 with max_radius + 1 arrays, array r of length (2r+1)^2;
+    weights_padded: ti.ndarray float32 (max_radius + 1, (2 max_radius + 1)^2), baseline (b);
+    weights_by_radius: list of ti.ndarray float32 ((2r+1)^2,), baseline (a).
+    """
+
+    def __init__(self, height: int, width: int, channels: int, max_radius: int, shape: str = "gaussian"):
+        if channels not in (1, 2, 3, 4):
+            raise ValueError(f"channels must be 1..4, got {channels}")
+        self.height, self.width, self.channels = int(height), int(width), int(channels)
+        self.max_radius = int(max_radius)
+        self.shape = shape
+        self.image_in = ti.ndarray(ti.f32, shape=(height, width, channels))
+        self.image_out = ti.ndarray(ti.f32, shape=(height, width, channels))
+        self.radius = ti.ndarray(ti.i32, shape=(height, width))
+        self._host_image = None
+        self._host_radius = None
+
+        lists = weight_lists(self.max_radius, shape)
+        self._weight_lists = lists
+        self.weights = None  # the VLA, built on first use by a "vla*" method (see weights_vla)
+        offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum([len(w) for w in lists], out=offsets[1:])
+        self.weight_offset = ti.ndarray(ti.i32, shape=(len(lists) + 1,))
+        self.weight_offset.from_numpy(offsets.astype(np.int32))
+        self.weight_total = int(offsets[-1])
+
+        side = 2 * self.max_radius + 1
+        padded = np.zeros((self.max_radius + 1, side, side), dtype=np.float32)
+        for r, w in enumerate(lists):
+            m = self.max_radius
+            padded[r, m - r : m + r + 1, m - r : m + r + 1] = w.reshape(2 * r + 1, 2 * r + 1)
+        self.weights_padded = ti.ndarray(ti.f32, shape=(self.max_radius + 1, side * side))
+        self.weights_padded.from_numpy(padded.reshape(self.max_radius + 1, side * side))
+        self.weights_by_radius = []
+        for w in lists:
+            nd = ti.ndarray(ti.f32, shape=(len(w),))
+            nd.from_numpy(w)
+            self.weights_by_radius.append(nd)
+        self.radii_present = []
+
+    def weights_vla(self):
+        """The VLA of weight lists (array r = the (2r+1)^2 weights of radius r), made on first use with
+        the inline capacity and chunk size that VLA.tune picks for these lengths."""
+        if self.weights is None:
+            from vla import VLA
+
+            lengths = np.array([len(w) for w in self._weight_lists], dtype=np.int64)
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            tuned = VLA.tune(lengths, dtype=ti.f32)
+            self.weights = VLA(
+                len(lengths), ti.f32, inline_capacity=tuned["inline_capacity"], chunk_size=tuned["chunk_size"], name="filter_weights"
+            )
+            self.weights.from_csr(offsets, np.concatenate(self._weight_lists).astype(np.float32))
+        return self.weights
+
+    # -- inputs --------------------------------------------------------------------------------------
+    def set_image(self, image: np.ndarray) -> None:
+        """image: float32 (H, W, C)."""
+        image = np.ascontiguousarray(image, dtype=np.float32)
+        assert image.shape == (self.height, self.width, self.channels), image.shape
+        self._host_image = image
+        self.image_in.from_numpy(image)
+
+    def set_radius_map(self, radius_map: np.ndarray) -> None:
+        """radius_map: int (H, W), 0 <= r <= max_radius (validated by the caller)."""
+        radius_map = np.ascontiguousarray(radius_map, dtype=np.int32)
+        assert radius_map.shape == (self.height, self.width), radius_map.shape
+        assert radius_map.min() >= 0 and radius_map.max() <= self.max_radius
+        self._host_radius = radius_map
+        self.radius.from_numpy(radius_map)
+        # baseline (a) launches one kernel per radius present: finding them is host work done once per
+        # map, like the mask building of a real per-radius pipeline, and it is not timed
+        self.radii_present = [int(r) for r in np.unique(radius_map)]
+
+    # -- filtering -----------------------------------------------------------------------------------
+    def staged_available(self) -> bool:
+        return current_arch() == ti.cuda and fk.staged_shared_bytes(self.max_radius, self.channels) <= fk.SHARED_BYTES_LIMIT
+
+    def run(self, method: str) -> None:
+        """Filter image_in into image_out (device) with one method; asynchronous on CUDA (call ti.sync())."""
+        C = self.channels
+        if method == "vla":
+            fk.kernel_filter_vla(self.image_in, self.radius, self.weights_vla(), self.image_out, C)
+        elif method == "vla-staged":
+            if not self.staged_available():
+                raise ValueError(
+                    "method 'vla-staged' needs ti.cuda and at most "
+                    f"{fk.SHARED_BYTES_LIMIT} B of shared memory per block; this run has arch "
+                    f"{current_arch()} and needs {fk.staged_shared_bytes(self.max_radius, C)} B (lower the maximum radius)"
+                )
+            fk.kernel_filter_vla_staged(
+                self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total
+            )
+        elif method == "per-radius":
+            for r in self.radii_present:
+                fk.kernel_filter_fixed_radius(self.image_in, self.radius, self.weights_by_radius[r], self.image_out, C, r)
+        elif method == "padded":
+            fk.kernel_filter_padded(self.image_in, self.radius, self.weights_padded, self.image_out, C, self.max_radius)
+        elif method == "scipy":
+            self._scipy_out = scipy_filter(self._host_image, self._host_radius, self.shape)
+        else:
+            raise ValueError(f"unknown filter method {method!r}; expected one of {list(METHODS)}")
+
+    def result(self, method: str) -> np.ndarray:
+        """float32 (H, W, C) output of the last run of ``method``."""
+        if method == "scipy":
+            return self._scipy_out
+        return self.image_out.to_numpy()
+
+    def filter(self, image: np.ndarray, radius_map: np.ndarray, method: str = "vla") -> np.ndarray:
+        self.set_image(image)
+        self.set_radius_map(radius_map)
+        self.run(method)
+        return self.result(method)

@@ -1,0 +1,194 @@
+"""Taichi kernels of the variable-radius filter: the VLA version and the Taichi baselines.
+
+All kernels compute the same sum (see app/filter_ref.py): float32 weights, float32 accumulation, taps in
+the same order (dy outer, dx inner, row-major weight lists), coordinates clamped to the image. They differ
+only in where the weights live and how the loop over radii is organised:
+
+* ``kernel_filter_vla``: one kernel for every radius; the weight list of radius r is array r of a VLA.
+* ``kernel_filter_vla_staged`` (CUDA only): the same, one 16x16 tile per block; every block first stages
+  all weight lists and its image tile plus halo into block shared memory, then filters from there.
+* ``kernel_filter_fixed_radius``: baseline (a), compiled once per radius R (R is a compile-time constant,
+  so its loops have constant trip counts) and launched once per radius present, each launch over the whole
+  image, filtering the pixels whose mask (radius_map == R) is set.
+* ``kernel_filter_padded``: baseline (b), every pixel runs the (2 R_max + 1)^2 window of a weight table
+  padded with zeros to R_max (one kernel, uniform trip count).
+
+Arrays (ti.ndarray or numpy, row-major):
+    img        float32 (H, W, C)     input image, linear values
+    radius_map int32   (H, W)        radius of each pixel in pixels, 0 <= r <= R_max
+    out        float32 (H, W, C)     output image
+Kernels are free functions with every input passed explicitly; C, R and R_max are compile-time.
+"""
+import taichi as ti
+
+#: side of the square pixel tile one CUDA block filters in the staged kernel (block = TILE * TILE threads)
+TILE = 16
+#: shared memory one block may use without opting in to more (CUDA's static limit, in bytes)
+SHARED_BYTES_LIMIT = 48 * 1024
+
+
+def staged_shared_bytes(max_radius: int, channels: int) -> int:
+    """Bytes of block shared memory the staged kernel needs: all weight lists plus the tile with halo."""
+    weights = sum((2 * r + 1) ** 2 for r in range(max_radius + 1))
+    halo = TILE + 2 * max_radius
+    return 4 * (weights + halo * halo * channels)
+
+
+@ti.func
+def func_clamp(v: ti.i32, lo: ti.i32, hi: ti.i32) -> ti.i32:
+    return ti.min(ti.max(v, lo), hi)
+
+
+@ti.kernel
+def kernel_filter_vla(
+    img: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
+    weights: ti.template(),
+    out: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    C: ti.template(),
+):
+    """weights: VLA of f32, array r = the (2r+1)^2 weights of radius r (row-major in dy, dx)."""
+    height, width = radius_map.shape[0], radius_map.shape[1]
+    for y, x in ti.ndrange(height, width):
+        r = radius_map[y, x]
+        acc = ti.Vector.zero(ti.f32, C)
+        t = 0
+        for dy in range(-r, r + 1):
+            yy = func_clamp(y + dy, 0, height - 1)
+            for dx in range(-r, r + 1):
+                xx = func_clamp(x + dx, 0, width - 1)
+                w = weights.get(r, t)
+                t += 1
+                for c in ti.static(range(C)):
+                    acc[c] += w * img[yy, xx, c]
+        for c in ti.static(range(C)):
+            out[y, x, c] = acc[c]
+
+
+@ti.kernel
+def kernel_filter_vla_staged(
+    img: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
+    weights: ti.template(),
+    weight_offset: ti.types.ndarray(dtype=ti.i32, ndim=1),
+    out: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    C: ti.template(),
+    R_MAX: ti.template(),
+    WEIGHT_TOTAL: ti.template(),
+):
+    """CUDA only (block shared memory). weight_offset: int32 (R_MAX + 2,), prefix sum of the VLA's list
+    lengths, so list r is staged at [weight_offset[r], weight_offset[r + 1]). WEIGHT_TOTAL = its last entry.
+    One tile of TILE x TILE pixels per block; loop index i -> thread i % B of tile i // B (Taichi's
+    grid-stride loop keeps i % B equal to the thread index when block_dim = B)."""
+    B = ti.static(TILE * TILE)
+    HALO = ti.static(TILE + 2 * R_MAX)
+    height, width = radius_map.shape[0], radius_map.shape[1]
+    tiles_x = (width + TILE - 1) // TILE
+    tiles_y = (height + TILE - 1) // TILE
+    ti.loop_config(block_dim=B)
+    for i in range(tiles_x * tiles_y * B):
+        tid = i % B
+        tile = i // B
+        ty0 = (tile // tiles_x) * TILE
+        tx0 = (tile % tiles_x) * TILE
+        sh_w = ti.simt.block.SharedArray((WEIGHT_TOTAL,), ti.f32)
+        sh_img = ti.simt.block.SharedArray((HALO * HALO * C,), ti.f32)
+        # stage every weight list (read-mostly, reused by every pixel of the tile)
+        for r in range(R_MAX + 1):
+            base = weight_offset[r]
+            n = weight_offset[r + 1] - base
+            j = tid
+            while j < n:
+                sh_w[base + j] = weights.get(r, j)
+                j += B
+        # stage the tile and its halo, clamped to the image: the clamp happens here, once per value
+        j = tid
+        while j < HALO * HALO:
+            hy = j // HALO
+            hx = j - hy * HALO
+            yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
+            xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
+            for c in ti.static(range(C)):
+                sh_img[j * C + c] = img[yy, xx, c]
+            j += B
+        ti.simt.block.sync()
+        ly = tid // TILE
+        lx = tid - ly * TILE
+        y = ty0 + ly
+        x = tx0 + lx
+        if y < height and x < width:
+            r = radius_map[y, x]
+            acc = ti.Vector.zero(ti.f32, C)
+            t = weight_offset[r]
+            for dy in range(-r, r + 1):
+                row = (ly + R_MAX + dy) * HALO + lx + R_MAX
+                for dx in range(-r, r + 1):
+                    w = sh_w[t]
+                    t += 1
+                    p = (row + dx) * C
+                    for c in ti.static(range(C)):
+                        acc[c] += w * sh_img[p + c]
+            for c in ti.static(range(C)):
+                out[y, x, c] = acc[c]
+        # the next grid-stride iteration restages shared memory: wait until every thread has read it
+        ti.simt.block.sync()
+
+
+@ti.kernel
+def kernel_filter_fixed_radius(
+    img: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
+    weights_r: ti.types.ndarray(dtype=ti.f32, ndim=1),
+    out: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    C: ti.template(),
+    R: ti.template(),
+):
+    """Baseline (a): filters the pixels with radius_map == R. weights_r: float32 ((2R+1)^2,)."""
+    height, width = radius_map.shape[0], radius_map.shape[1]
+    for y, x in ti.ndrange(height, width):
+        if radius_map[y, x] == R:
+            acc = ti.Vector.zero(ti.f32, C)
+            for dy in range(-R, R + 1):
+                yy = func_clamp(y + dy, 0, height - 1)
+                for dx in range(-R, R + 1):
+                    xx = func_clamp(x + dx, 0, width - 1)
+                    w = weights_r[(dy + R) * (2 * R + 1) + dx + R]
+                    for c in ti.static(range(C)):
+                        acc[c] += w * img[yy, xx, c]
+            for c in ti.static(range(C)):
+                out[y, x, c] = acc[c]
+
+
+@ti.kernel
+def kernel_filter_padded(
+    img: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
+    weights_padded: ti.types.ndarray(dtype=ti.f32, ndim=2),
+    out: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    C: ti.template(),
+    R_MAX: ti.template(),
+):
+    """Baseline (b): weights_padded float32 (R_MAX + 1, (2 R_MAX + 1)^2), row r = radius r's table centred
+    in a (2 R_MAX + 1)^2 window, zeros outside. Every pixel runs the whole window; the zero taps add
+    exactly 0, so the sum equals the other variants' (same order of the non-zero taps)."""
+    height, width = radius_map.shape[0], radius_map.shape[1]
+    SIDE = ti.static(2 * R_MAX + 1)
+    for y, x in ti.ndrange(height, width):
+        r = radius_map[y, x]
+        acc = ti.Vector.zero(ti.f32, C)
+        for dy in range(-R_MAX, R_MAX + 1):
+            yy = func_clamp(y + dy, 0, height - 1)
+            for dx in range(-R_MAX, R_MAX + 1):
+                xx = func_clamp(x + dx, 0, width - 1)
+                w = weights_padded[r, (dy + R_MAX) * SIDE + dx + R_MAX]
+                for c in ti.static(range(C)):
+                    acc[c] += w * img[yy, xx, c]
+        for c in ti.static(range(C)):
+            out[y, x, c] = acc[c]
+
+
+@ti.kernel
+def kernel_copy(src: ti.types.ndarray(dtype=ti.f32, ndim=1), dst: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    """Plain copy: the bandwidth yardstick of the benchmark (reads 4 B and writes 4 B per element)."""
+    for i in range(src.shape[0]):
+        dst[i] = src[i]
