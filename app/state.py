@@ -1,0 +1,46 @@
+"""State: what changes every step (positions, orientations, velocities), on the device."""
+from __future__ import annotations
+
+import numpy as np
+import taichi as ti
+
+
+@ti.data_oriented
+class State:
+    """Per-body dynamic state, shape (body_capacity,), valid for indices < model.body_count[None].
+
+    body_pos: vec3 f32, m, world position of the centre of mass.
+    body_quat: vec4 f32, unit quaternion (w, x, y, z), body-to-world rotation.
+    body_vel: vec3 f32, m/s, linear velocity of the centre of mass.
+    body_omega: vec3 f32, rad/s, angular velocity in world coordinates.
+
+    The viewer reads body_pos/body_quat directly in its own kernels to fill instance transforms.
+    """
+
+    def __init__(self, body_capacity: int):
+        self.body_capacity = int(body_capacity)
+        n = self.body_capacity
+        self.body_pos = ti.Vector.field(3, ti.f32, n)
+        self.body_quat = ti.Vector.field(4, ti.f32, n)
+        self.body_vel = ti.Vector.field(3, ti.f32, n)
+        self.body_omega = ti.Vector.field(3, ti.f32, n)
+
+    def set_rows(self, start: int, position, orientation, velocity, angular_velocity, host_cache=None):
+        """Write rows [start, start+len) from numpy arrays; keeps rows < start (read back first)."""
+        k = len(position)
+        cur = self.to_numpy(start) if start > 0 else None
+        arrays = []
+        for name, new, width in (("body_pos", position, 3), ("body_quat", orientation, 4), ("body_vel", velocity, 3),
+                                 ("body_omega", angular_velocity, 3)):
+            out = np.zeros((self.body_capacity, width), np.float32)
+            if cur is not None:
+                out[:start] = cur[name]
+            out[start:start + k] = np.asarray(new, np.float32).reshape(k, width)
+            if name == "body_quat":
+                out[start + k:, 0] = 1.0
+            getattr(self, name).from_numpy(out)
+            arrays.append(out)
+
+    def to_numpy(self, count: int) -> dict:
+        return {name: getattr(self, name).to_numpy()[:count]
+                for name in ("body_pos", "body_quat", "body_vel", "body_omega")}
