@@ -11,6 +11,7 @@ is started just for the batch and shut down after it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -52,6 +53,17 @@ def _ray_task(spec: RunSpec, scene_text: bytes, argv_fn, record: bool, timeout: 
         shutil.rmtree(work, ignore_errors=True)
 
 
+def repo_root() -> str:
+    return str(RUN_PY.parent)
+
+
+def task_error(e: BaseException) -> str:
+    """One line for a failed Ray task: the last line of its error, without terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return f"ray task failed: {type(e).__name__}: {lines[-1] if lines else ''}"
+
+
 def _ray_init(ray, address: str | None, workers: int | None) -> bool:
     """Connect to ``address`` or start a light local Ray; True when this call started/connected it."""
     if ray.is_initialized():
@@ -62,12 +74,14 @@ def _ray_init(ray, address: str | None, workers: int | None) -> bool:
     try:
         if address:
             # Ship the project to the cluster's workers (run.py, app/, vla/), not outputs or history.
-            repo = str(RUN_PY.parent)
-            runtime_env = {"working_dir": repo,
+            runtime_env = {"working_dir": repo_root(),
                            "excludes": [".git", "**/__pycache__", "*.npz", "*.png", "*.mp4", "out", "runs"]}
             ray.init(address=address, runtime_env=runtime_env, **common)
         else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, **common)
+            # Local workers import app/ from this checkout even when the project is not pip-installed.
+            path = os.pathsep.join(p for p in (repo_root(), os.environ.get("PYTHONPATH", "")) if p)
+            ray.init(num_cpus=workers or os.cpu_count() or 1, runtime_env={"env_vars": {"PYTHONPATH": path}},
+                     **common)
     except Exception as e:  # ConnectionError, ValueError for a malformed address, ...
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise UserError(f"--ray: could not start or reach {where}: {type(e).__name__}: {e}") from None
@@ -120,8 +134,7 @@ def run_ray(
                 try:
                     result = ray.get(ref)
                 except Exception as e:  # the task (not the simulation) failed: node lost, worker crashed, ...
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                    result = {"status": "failed", "error": f"ray task failed: {type(e).__name__}: {first}",
+                    result = {"status": "failed", "error": task_error(e),
                               "returncode": None, "wall_time_s": None, "log": str(e), "command": []}
                 tmp = new_tmp(spec.run_id)
                 for name, data in result.pop("files", {}).items():

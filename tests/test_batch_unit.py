@@ -360,3 +360,44 @@ def test_sigterm_stops_the_batch_and_resume_finishes(tmp_path, scene, standin):
     assert f"resume: {len(done)} of 6 runs already complete" in p.stderr
     assert all((out / d / "run.json").stat().st_mtime_ns == t for d, t in mtimes.items())
     assert len(read_csv(out / "summary.csv")) == 6
+
+
+# ------------------------------------------------------------------------------------------------ Ray task, report
+
+
+def test_ray_task_ships_the_scene_to_nodes_without_it(tmp_path, scene, standin):
+    """The body of a Ray task, called directly: on a node where the driver's scene path does not exist it
+    runs the shipped scene text, and it returns the run's files as bytes for the driver to write."""
+    from dataclasses import replace
+
+    from app.batch_ray import _ray_task
+
+    spec = replace(expand_runs([scene], [3], [])[0], scene_path=str(tmp_path / "elsewhere" / "tiny.yaml"))
+    seen = {}
+
+    def argv_fn(spec, out_dir, scene_path=None):
+        seen["scene"] = Path(scene_path).read_text()
+        return standin(spec, out_dir, scene_path)
+
+    result = _ray_task(spec, Path(scene).read_bytes(), argv_fn, False, None, {})
+    assert result["status"] == "ok", result
+    assert seen["scene"] == Path(scene).read_text()
+    assert set(result["files"]) == {"metrics.json", "state.npz"}
+    assert json.loads(result["files"]["metrics.json"])["steps_per_second"] == 1003.0
+
+
+def test_report_writes_plots_and_prints_the_table(tmp_path, scene, standin):
+    out = tmp_path / "out"
+    runs = expand_runs([scene], [0, 1], [("test.mode", ["ok", "bad"])])
+    batch.run_batch(runs, settings(), str(out), argv_fn=standin)
+    p = run_cli("report", str(out))
+    assert p.returncode == 0, p.stderr
+    for name in ("kinetic_energy.png", "contacts.png", "steps_per_second.png", "summary.md"):
+        assert (out / "report" / name).stat().st_size > 0
+    assert (out / "report" / "kinetic_energy.png").read_bytes()[:4] == b"\x89PNG"
+    assert "4 runs: 2 ok, 2 failed" in p.stdout
+    assert "tiny__seed1__test.mode=bad" in p.stdout and "expected ok, got 'bad'" in p.stdout
+    md = (out / "report" / "summary.md").read_text().splitlines()
+    assert len(md) == 2 + 4 and "| tiny__seed0__test.mode=ok | 0 | ok | ok | 1000" in md[2]
+    p = run_cli("report", str(tmp_path))
+    assert p.returncode == 2 and "no summary.json" in p.stderr and "Traceback" not in p.stderr
