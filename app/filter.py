@@ -144,7 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--radius-scale", type=float, default=1.0, help="multiply map values by this before rounding (default 1)")
     p.add_argument("--out", required=True, help="output image; its format follows the extension")
     p.add_argument("--kernel", default="gaussian", choices=sorted(KERNEL_SHAPES), help="kernel shape of every radius (default gaussian, sigma = r/3)")
-    p.add_argument("--method", default="vla", choices=list(METHODS), help="implementation (default vla; the others are the benchmark's baselines)")
+    p.add_argument(
+        "--method", default="auto", choices=["auto", *METHODS],
+        help="implementation (default auto: vla-shared on CUDA, vla-rows on the CPU; per-radius, padded and scipy are the benchmark's baselines)",
+    )
     p.add_argument("--arch", default="cpu", choices=list(ARCHS), help="Taichi backend (default cpu)")
     p.add_argument("--max-radius", type=int, default=DEFAULT_MAX_RADIUS, help=f"refuse radii above this (default {DEFAULT_MAX_RADIUS})")
     p.add_argument("--out-dtype", default="same", choices=list(OUT_DTYPES), help="pixel type of OUT (default: that of IMAGE)")
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
         engine = FilterEngine(height, width, channels, max_r, args.kernel)
         try:
             result = engine.filter(image, radius_map, args.method)
-        except ValueError as e:  # e.g. vla-staged without CUDA
+        except ValueError as e:  # e.g. vla-shared without CUDA
             raise UserError(f"--method {args.method}: {e}") from None
     write_image(args.out, result, out_dtype)
     print(f"filtered {args.image} ({width}x{height}, {channels} channel(s), radii {int(radius_map.min())}..{max_r}) -> {args.out}")

@@ -1,8 +1,10 @@
 """FilterEngine: owns the device arrays of one image size and launches the filter kernels.
 
 Methods (the same output, see app/filter_kernels.py):
-    "vla"         one kernel, weight lists in a VLA (array r = weights of radius r)
-    "vla-staged"  CUDA only: the same with weights and image tile staged in block shared memory
+    "vla"         one kernel, weight lists in a VLA (array r = weights of radius r), read per tap
+    "vla-rows"    CPU: the same, each row's task first stages all weight lists into a flat scratch row
+    "vla-shared"  CUDA: the same, each 16x16 tile's block stages the weight lists and its image tile
+                  (plus halo) into block shared memory
     "per-radius"  baseline (a): one kernel specialised per radius, launched per radius over its mask
     "padded"      baseline (b): one kernel, zero-padded table of the maximum radius
     "scipy"       baseline (c): scipy.ndimage on the CPU (host arrays, no Taichi)
@@ -17,7 +19,21 @@ import taichi as ti
 from app import filter_kernels as fk
 from app.filter_ref import scipy_filter, weight_lists
 
-METHODS = ("vla", "vla-staged", "per-radius", "padded", "scipy")
+METHODS = ("vla", "vla-rows", "vla-shared", "per-radius", "padded", "scipy")
+
+
+def method_unavailable(method: str, max_radius: int, channels: int):
+    """Why ``method`` cannot run on the current arch (a str), or None when it can."""
+    arch = current_arch()
+    if method == "vla-shared":
+        if arch != ti.cuda:
+            return f"needs block shared memory (--arch cuda); this run has {arch.name}"
+        need = fk.staged_shared_bytes(max_radius, channels)
+        if need > fk.SHARED_BYTES_LIMIT:
+            return f"needs {need} B of shared memory per block for radius {max_radius}, above the {fk.SHARED_BYTES_LIMIT} B limit"
+    if method == "vla-rows" and arch == ti.cuda:
+        return "one thread per image row: a CPU design (use vla-shared on CUDA)"
+    return None
 
 
 def current_arch():
@@ -67,6 +83,7 @@ class FilterEngine:
             nd.from_numpy(w)
             self.weights_by_radius.append(nd)
         self.radii_present = []
+        self._scratch = None  # float32 (H, weight_total), vla-rows' staging rows, made on first use
 
     def weights_vla(self):
         """The VLA of weight lists (array r = the (2r+1)^2 weights of radius r), made on first use with
@@ -104,22 +121,31 @@ class FilterEngine:
         self.radii_present = [int(r) for r in np.unique(radius_map)]
 
     # -- filtering -----------------------------------------------------------------------------------
-    def staged_available(self) -> bool:
-        return current_arch() == ti.cuda and fk.staged_shared_bytes(self.max_radius, self.channels) <= fk.SHARED_BYTES_LIMIT
+    def best_vla_method(self) -> str:
+        """The fastest VLA method this arch runs: vla-shared on CUDA when the tile fits, else vla-rows
+        on the CPU, else vla."""
+        for m in ("vla-shared", "vla-rows", "vla"):
+            if self.unavailable(m) is None:
+                return m
+        return "vla"
+
+    def unavailable(self, method: str):
+        return method_unavailable(method, self.max_radius, self.channels)
 
     def run(self, method: str) -> None:
         """Filter image_in into image_out (device) with one method; asynchronous on CUDA (call ti.sync())."""
         C = self.channels
+        why = self.unavailable(method) if method in METHODS else None
+        if why:
+            raise ValueError(f"method {method!r} {why}")
         if method == "vla":
             fk.kernel_filter_vla(self.image_in, self.radius, self.weights_vla(), self.image_out, C)
-        elif method == "vla-staged":
-            if not self.staged_available():
-                raise ValueError(
-                    "method 'vla-staged' needs ti.cuda and at most "
-                    f"{fk.SHARED_BYTES_LIMIT} B of shared memory per block; this run has arch "
-                    f"{current_arch()} and needs {fk.staged_shared_bytes(self.max_radius, C)} B (lower the maximum radius)"
-                )
-            fk.kernel_filter_vla_staged(
+        elif method == "vla-rows":
+            if self._scratch is None:
+                self._scratch = ti.ndarray(ti.f32, shape=(self.height, self.weight_total))
+            fk.kernel_filter_vla_rows(self.image_in, self.radius, self.weights_vla(), self.weight_offset, self._scratch, self.image_out, C)
+        elif method == "vla-shared":
+            fk.kernel_filter_vla_shared(
                 self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total
             )
         elif method == "per-radius":
@@ -138,8 +164,11 @@ class FilterEngine:
             return self._scipy_out
         return self.image_out.to_numpy()
 
-    def filter(self, image: np.ndarray, radius_map: np.ndarray, method: str = "vla") -> np.ndarray:
+    def filter(self, image: np.ndarray, radius_map: np.ndarray, method: str = "auto") -> np.ndarray:
+        """Filter on the device and return float32 (H, W, C); method "auto" is best_vla_method()."""
         self.set_image(image)
         self.set_radius_map(radius_map)
+        if method == "auto":
+            method = self.best_vla_method()
         self.run(method)
         return self.result(method)

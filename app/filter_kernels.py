@@ -5,8 +5,11 @@ the same order (dy outer, dx inner, row-major weight lists), coordinates clamped
 only in where the weights live and how the loop over radii is organised:
 
 * ``kernel_filter_vla``: one kernel for every radius; the weight list of radius r is array r of a VLA.
-* ``kernel_filter_vla_staged`` (CUDA only): the same, one 16x16 tile per block; every block first stages
-  all weight lists and its image tile plus halo into block shared memory, then filters from there.
+* ``kernel_filter_vla_rows`` (the CPU's staging tier): the same, each row's task first copies all weight
+  lists out of the VLA into a flat scratch row, then filters the row from there.
+* ``kernel_filter_vla_shared`` (CUDA only, the VLA's tier 3): the same, one 16x16 tile per block; every
+  block first stages all weight lists and its image tile plus halo into block shared memory, then
+  filters from there.
 * ``kernel_filter_fixed_radius``: baseline (a), compiled once per radius R (R is a compile-time constant,
   so its loops have constant trip counts) and launched once per radius present, each launch over the whole
   image, filtering the pixels whose mask (radius_map == R) is set.
@@ -21,14 +24,14 @@ Kernels are free functions with every input passed explicitly; C, R and R_max ar
 """
 import taichi as ti
 
-#: side of the square pixel tile one CUDA block filters in the staged kernel (block = TILE * TILE threads)
+#: side of the square pixel tile one CUDA block filters in kernel_filter_vla_shared (block = TILE * TILE threads)
 TILE = 16
 #: shared memory one block may use without opting in to more (CUDA's static limit, in bytes)
 SHARED_BYTES_LIMIT = 48 * 1024
 
 
 def staged_shared_bytes(max_radius: int, channels: int) -> int:
-    """Bytes of block shared memory the staged kernel needs: all weight lists plus the tile with halo."""
+    """Bytes of block shared memory kernel_filter_vla_shared needs: all weight lists plus the tile with halo."""
     weights = sum((2 * r + 1) ** 2 for r in range(max_radius + 1))
     halo = TILE + 2 * max_radius
     return 4 * (weights + halo * halo * channels)
@@ -66,7 +69,7 @@ def kernel_filter_vla(
 
 
 @ti.kernel
-def kernel_filter_vla_staged(
+def kernel_filter_vla_shared(
     img: ti.types.ndarray(dtype=ti.f32, ndim=3),
     radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
     weights: ti.template(),
@@ -132,6 +135,43 @@ def kernel_filter_vla_staged(
                 out[y, x, c] = acc[c]
         # the next grid-stride iteration restages shared memory: wait until every thread has read it
         ti.simt.block.sync()
+
+
+@ti.kernel
+def kernel_filter_vla_rows(
+    img: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
+    weights: ti.template(),
+    weight_offset: ti.types.ndarray(dtype=ti.i32, ndim=1),
+    scratch: ti.types.ndarray(dtype=ti.f32, ndim=2),
+    out: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    C: ti.template(),
+):
+    """The staged tier without shared memory (a CPU design: one thread per row on CUDA would starve): one task
+    per image row first copies every weight list out of the VLA into its own row of ``scratch``
+    (float32 (H, weight_offset[-1]), flat, cache-resident), then filters the row's pixels from there.
+    Staging costs one VLA read per weight per row, against (2r+1)^2 reads per pixel without it."""
+    height, width = radius_map.shape[0], radius_map.shape[1]
+    n_lists = weight_offset.shape[0] - 1
+    for y in range(height):
+        for r in range(n_lists):
+            base = weight_offset[r]
+            for j in range(weight_offset[r + 1] - base):
+                scratch[y, base + j] = weights.get(r, j)
+        for x in range(width):
+            r = radius_map[y, x]
+            acc = ti.Vector.zero(ti.f32, C)
+            t = weight_offset[r]
+            for dy in range(-r, r + 1):
+                yy = func_clamp(y + dy, 0, height - 1)
+                for dx in range(-r, r + 1):
+                    xx = func_clamp(x + dx, 0, width - 1)
+                    w = scratch[y, t]
+                    t += 1
+                    for c in ti.static(range(C)):
+                        acc[c] += w * img[yy, xx, c]
+            for c in ti.static(range(C)):
+                out[y, x, c] = acc[c]
 
 
 @ti.kernel

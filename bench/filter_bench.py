@@ -145,9 +145,11 @@ def run_bench(args) -> dict:
         methods.remove("scipy")
     engine = FilterEngine(height, width, args.channels, args.max_radius, args.kernel)
     skipped = {}
-    if "vla-staged" in methods and not engine.staged_available():
-        methods.remove("vla-staged")
-        skipped["vla-staged"] = "needs --arch cuda (block shared memory) and a maximum radius whose tile fits"
+    for m in list(methods):
+        why = engine.unavailable(m)
+        if why:
+            methods.remove(m)
+            skipped[m] = why
     image = make_image(height, width, args.channels)
     radius_map = make_radius_map(args.map, height, width, args.max_radius)
     engine.set_image(image)
