@@ -276,7 +276,7 @@ class VLA:
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`clear`, :meth:`flat_size`, :meth:`flat_index`, :meth:`get_inline`.
+    :meth:`clear`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`get_inline`.
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
@@ -451,6 +451,22 @@ class VLA:
                 i = o
                 k = kk
         return i, k
+
+    @ti.func
+    def flat_value(self, e):
+        """The element in storage slot e (valid when flat_index(e) gave i >= 0); no table lookup."""
+        r = self._zero()
+        n_inline = self.inline_capacity * self.num_arrays
+        if ti.static(self.inline_capacity > 0):
+            if e < n_inline:
+                kk = e // self.num_arrays
+                r = self.inline[kk, e - kk * self.num_arrays]
+            else:
+                q = e - n_inline
+                r = self.pool[(self.chunk_table[q >> self._chunk_shift] << self._chunk_shift) + (q & (self.chunk_size - 1))]
+        else:
+            r = self.pool[(self.chunk_table[e >> self._chunk_shift] << self._chunk_shift) + (e & (self.chunk_size - 1))]
+        return r
 
     # ------------------------------------------------------------------ kernel-side internals
     @ti.func

@@ -1,0 +1,336 @@
+"""VLA against Taichi's `dynamic` SNode and a padded dense array, on the same workloads, in one run.
+
+    python run.py bench vla [--arch auto|cpu|cuda] [--small] [--out DIR] [--dists heavy,uniform16,uniform1024]
+
+Workloads (one thread per list, as the issue specifies):
+  fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
+  read          each thread sums its own list (thread-per-array read-all)
+  flat read     VLA only: load-balanced flat iteration over every live element (v.flat_index/flat_value)
+  reuse         one block per list, every thread reads the whole list (tier-3 shared staging vs global)
+Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), uniform 0-16,
+uniform 0-1024. All stores must give identical per-list sums (checked every run).
+"""
+import argparse
+import math
+
+import numpy as np
+import taichi as ti
+
+from vla import shared
+from bench.common import device_name, init_taichi, markdown_table, time_ms, write_results
+
+
+# ----------------------------------------------------------------------------------------------------
+# Baselines: same kernel-side interface as vla.VLA (append / length / get / clear)
+# ----------------------------------------------------------------------------------------------------
+@ti.data_oriented
+class PaddedArrays:
+    """Fixed maximum per list + atomic counter (what PhysX/Newton/Genesis do). Appends past the max
+    are counted in ``overflow`` (never silently)."""
+
+    def __init__(self, num_arrays, max_len, dtype=ti.i32):
+        self.num_arrays, self.max_len = num_arrays, max_len
+        self.data = ti.field(dtype, shape=(num_arrays, max_len))
+        self.count = ti.field(ti.i32, shape=num_arrays)
+        self.overflow = ti.field(ti.i32, shape=())
+        self.element_bytes = 4
+
+    @ti.func
+    def append(self, i, x):
+        slot = ti.atomic_add(self.count[i], 1)
+        if slot < self.max_len:
+            self.data[i, slot] = x
+        else:
+            ti.atomic_add(self.overflow[None], 1)
+        return slot
+
+    @ti.func
+    def length(self, i):
+        return ti.min(self.count[i], self.max_len)
+
+    @ti.func
+    def get(self, i, k):
+        return self.data[i, k]
+
+    @ti.func
+    def clear(self, i):
+        self.count[i] = 0
+
+    def reserved_bytes(self):
+        return self.num_arrays * self.max_len * self.element_bytes + 4 * self.num_arrays
+
+
+@ti.data_oriented
+class DynamicArrays:
+    """Taichi's `dynamic` SNode (chunked linked list per row). Appends past the max write nowhere;
+    ti.append returns the old length, so we count those."""
+
+    def __init__(self, num_arrays, max_len, chunk_size=16, dtype=ti.i32):
+        self.num_arrays, self.max_len, self.chunk_size = num_arrays, max_len, chunk_size
+        self.data = ti.field(dtype)
+        self.block = ti.root.dense(ti.i, num_arrays).dynamic(ti.j, max_len, chunk_size=chunk_size)
+        self.block.place(self.data)
+        self.overflow = ti.field(ti.i32, shape=())
+
+    @ti.func
+    def append(self, i, x):
+        slot = ti.append(self.block, i, x)
+        if slot >= self.max_len:
+            ti.atomic_add(self.overflow[None], 1)
+        return slot
+
+    @ti.func
+    def length(self, i):
+        return ti.length(self.block, i)
+
+    @ti.func
+    def get(self, i, k):
+        return self.data[i, k]
+
+    def clear_all(self):
+        self.block.deactivate_all()
+
+    def reserved_bytes_estimate(self, lengths):
+        # Chunks actually touched (chunk_size elements each) + one pointer per chunk + per-row header.
+        chunks = np.ceil(lengths / self.chunk_size).sum()
+        return int(chunks * (self.chunk_size * 4 + 8) + self.num_arrays * 16)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kernels, generic over the store
+# ----------------------------------------------------------------------------------------------------
+@ti.kernel
+def k_clear(s: ti.template()):
+    for i in range(s.num_arrays):
+        s.clear(i)
+
+
+@ti.kernel
+def k_fill(s: ti.template(), lens: ti.template()):
+    for i in range(s.num_arrays):
+        for k in range(lens[i]):
+            s.append(i, (i * 7 + k) % 1000)
+
+
+@ti.kernel
+def k_read(s: ti.template(), out: ti.template()):
+    for i in range(s.num_arrays):
+        acc = 0
+        for k in range(s.length(i)):
+            acc += s.get(i, k)
+        out[i] = acc
+
+
+@ti.kernel
+def k_read_flat(v: ti.template(), total: ti.template()):
+    for e in range(v.flat_size()):
+        i, k = v.flat_index(e)
+        if i >= 0:
+            total[None] += ti.cast(v.flat_value(e), ti.i64)
+
+
+@ti.kernel
+def k_copy(src: ti.template(), dst: ti.template()):
+    for j in src:
+        dst[j] = src[j]
+
+
+REUSE_BLOCK = 64
+REUSE_CAP = 256
+
+
+@ti.kernel
+def k_reuse_global(v: ti.template(), out: ti.template()):
+    ti.loop_config(block_dim=REUSE_BLOCK)
+    for t in range(v.num_arrays * REUSE_BLOCK):
+        i = t // REUSE_BLOCK
+        lane = t % REUSE_BLOCK
+        acc = 0
+        for k in range(v.length(i)):
+            acc += v.get(i, k) * ((lane + k) % 3)
+        out[t] = acc
+
+
+@ti.kernel
+def k_reuse_staged(v: ti.template(), out: ti.template()):
+    ti.loop_config(block_dim=REUSE_BLOCK)
+    for t in range(v.num_arrays * REUSE_BLOCK):
+        i = t // REUSE_BLOCK
+        lane = t % REUSE_BLOCK
+        cache = shared.block_buffer(v, REUSE_CAP)
+        n = shared.stage(v, cache, i, lane, REUSE_BLOCK)
+        acc = 0
+        for k in range(v.length(i)):
+            acc += shared.get(v, cache, n, i, k) * ((lane + k) % 3)
+        out[t] = acc
+
+
+# ----------------------------------------------------------------------------------------------------
+def make_lengths(dist, n, rng):
+    if dist == "heavy":
+        # 99.3% uniform 0-8, 0.7% log-uniform 9-1024: mean ~5.05 (2M lists -> ~10.1M elements)
+        lens = rng.integers(0, 9, size=n)
+        tail = rng.random(n) < 0.007
+        lens[tail] = np.exp(rng.uniform(np.log(9), np.log(1024), size=int(tail.sum()))).astype(np.int64)
+        lens[rng.integers(0, n)] = 1024  # the maximum is always present
+        return lens, 1024
+    if dist == "uniform16":
+        return rng.integers(0, 17, size=n), 16
+    if dist == "uniform1024":
+        return rng.integers(0, 1025, size=n), 1024
+    raise ValueError(f"unknown distribution {dist!r}")
+
+
+DEFAULT_SIZES = {"heavy": 2_000_000, "uniform16": 1_250_000, "uniform1024": 20_000}
+SMALL_SIZES = {"heavy": 40_000, "uniform16": 25_000, "uniform1024": 400}
+
+
+def bench_distribution(dist, n, rng, repeats, reuse=True):
+    from vla import VLA, launch
+
+    lens_np, max_len = make_lengths(dist, n, rng)
+    lens_np = lens_np.astype(np.int32)
+    live_bytes = int(lens_np.sum()) * 4
+    lens = ti.field(ti.i32, shape=n)
+    lens.from_numpy(lens_np)
+    out = ti.field(ti.i32, shape=n)
+    rows = []
+    reference = None
+
+    def check(name):
+        nonlocal reference
+        got = out.to_numpy()
+        if reference is None:
+            reference = got
+        elif not np.array_equal(got, reference):
+            raise AssertionError(f"{dist}: {name} read different sums than the first store")
+
+    tuned = VLA.tune(lens_np)
+    stores = [
+        ("padded", lambda: PaddedArrays(n, max_len)),
+        ("dynamic", lambda: DynamicArrays(n, max_len, chunk_size=16)),
+        ("vla (4,16)", lambda: VLA(n, ti.i32, inline_capacity=4, chunk_size=16, name="bench")),
+        (f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']})",
+         lambda: VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"], chunk_size=tuned["chunk_size"],
+                     name="bench")),
+    ]
+    for name, make in stores:
+        s = make()
+        row = {"dist": dist, "store": name, "arrays": n, "elements": int(lens_np.sum()), "live_MB": live_bytes / 1e6}
+        if isinstance(s, DynamicArrays):
+            def refill(s=s):
+                s.clear_all()
+                k_fill(s, lens)
+            reserved = s.reserved_bytes_estimate(lens_np)
+        elif isinstance(s, PaddedArrays):
+            def refill(s=s):
+                k_clear(s)
+                k_fill(s, lens)
+            reserved = s.reserved_bytes()
+        else:
+            launch(k_fill, s, lens)  # first fill learns the capacity (overflow -> grow -> re-run)
+            s.trim()
+
+            def refill(s=s):
+                s.clear_all()
+                k_fill(s, lens)
+                s.commit()
+        row["fill_ms"] = time_ms(refill, repeats=repeats)
+        row["read_ms"] = time_ms(lambda s=s: k_read(s, out), repeats=repeats)
+        check(name)
+        if isinstance(s, VLA):
+            st = s.stats()
+            reserved = st["reserved_bytes"]
+            row["element_reserved_MB"] = st["element_reserved_bytes"] / 1e6
+            row["grow_events"] = st["grow_events"]
+            total = ti.field(ti.i64, shape=())
+
+            def flat(s=s):
+                total[None] = 0
+                k_read_flat(s, total)
+            row["flat_read_ms"] = time_ms(flat, repeats=repeats)
+            if int(total[None]) != int(reference.astype(np.int64).sum()):
+                raise AssertionError(f"{dist}: {name} flat read sum differs")
+            row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
+            if reuse and dist != "uniform1024":
+                rout = ti.field(ti.i32, shape=n * REUSE_BLOCK)
+                row["reuse_global_ms"] = time_ms(lambda s=s: k_reuse_global(s, rout), repeats=repeats)
+                ref_reuse = rout.to_numpy()
+                row["reuse_staged_ms"] = time_ms(lambda s=s: k_reuse_staged(s, rout), repeats=repeats)
+                if not np.array_equal(rout.to_numpy(), ref_reuse):
+                    raise AssertionError(f"{dist}: staged reads differ from global reads")
+        elif getattr(s, "overflow", None) is not None and int(s.overflow[None]) > 0:
+            row["overflow"] = int(s.overflow[None])
+        row["reserved_MB"] = reserved / 1e6
+        row["reserved_over_live"] = reserved / live_bytes
+        rows.append(row)
+    # Ratios against both baselines, per distribution.
+    base = {r["store"]: r for r in rows}
+    for r in rows:
+        for b in ("padded", "dynamic"):
+            for op in ("fill", "read"):
+                r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
+        r["mem_vs_padded"] = r["reserved_MB"] / base["padded"]["reserved_MB"]
+    return rows, tuned
+
+
+def copy_bandwidth_GBps(repeats, small):
+    n = (1 << 22) if small else (1 << 28)  # 16 MB or 1 GiB per buffer
+    a = ti.field(ti.f32, shape=n)
+    b = ti.field(ti.f32, shape=n)
+    ms = time_ms(lambda: k_copy(a, b), repeats=repeats)
+    return 2 * n * 4 / 1e9 / (ms / 1e3)
+
+
+COLUMNS = [
+    ("dist", "dist", "{}"), ("store", "store", "{}"), ("arrays", "lists", "{:,}"), ("elements", "elements", "{:,}"),
+    ("fill_ms", "clear+refill ms", "{:.3f}"), ("read_ms", "read-all ms", "{:.3f}"),
+    ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
+    ("fill_x_padded", "fill x padded", "{:.2f}"), ("read_x_padded", "read x padded", "{:.2f}"),
+    ("fill_x_dynamic", "fill x dynamic", "{:.1f}"), ("read_x_dynamic", "read x dynamic", "{:.1f}"),
+    ("live_MB", "live MB", "{:.1f}"), ("reserved_MB", "reserved MB", "{:.1f}"),
+    ("reserved_over_live", "reserved/live", "{:.2f}"),
+    ("reuse_global_ms", "reuse global ms", "{:.3f}"), ("reuse_staged_ms", "reuse staged ms", "{:.3f}"),
+]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="run.py bench vla", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--small", action="store_true", help="CPU-sized lists (default on the CPU)")
+    p.add_argument("--out", default=None, help="directory for vla_bench.json / vla_bench.md")
+    p.add_argument("--dists", default="heavy,uniform16,uniform1024")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    from app.errors import UserError
+
+    dists = [d for d in args.dists.split(",") if d]
+    for d in dists:
+        if d not in DEFAULT_SIZES:
+            raise UserError(f"--dists: unknown distribution {d!r}; expected some of {', '.join(DEFAULT_SIZES)}")
+    arch = init_taichi(args.arch)
+    small = args.small or arch == "cpu"
+    sizes = SMALL_SIZES if small else DEFAULT_SIZES
+    repeats = args.repeats or (5 if small else 20)
+    rng = np.random.default_rng(args.seed)
+    rows, tuned = [], {}
+    for d in dists:
+        r, t = bench_distribution(d, sizes[d], rng, repeats)
+        rows += r
+        tuned[d] = t
+    bw = copy_bandwidth_GBps(repeats, small)
+    for r in rows:
+        if "flat_read_GBps" in r:
+            r["flat_read_pct_copy_bw"] = 100 * r["flat_read_GBps"] / bw
+    dev = device_name(arch)
+    header = f"VLA benchmark on {dev} (arch {arch}); plain copy kernel: {bw:.0f} GB/s; repeats {repeats} (median)"
+    md = header + "\n\n" + markdown_table(rows, COLUMNS)
+    write_results(args.out, "vla_bench", {"device": dev, "arch": arch, "copy_GBps": bw, "rows": rows,
+                                          "tuned": tuned}, md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""Index checks of the kernel-side API, active in Taichi's debug mode (ti.init(debug=True))."""
+import os
+
+import numpy as np
+import pytest
+import taichi as ti
+
+from vla import VLA, launch
+
+ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def taichi_debug_runtime():
+    ti.init(arch=getattr(ti, ARCH), debug=True)
+    yield
+    ti.reset()
+
+
+@ti.kernel
+def k_get(v: ti.template(), i: ti.i32, k: ti.i32) -> ti.i32:
+    return v.get(i, k)
+
+
+@ti.kernel
+def k_append(v: ti.template(), i: ti.i32, x: ti.i32):
+    v.append(i, x)
+
+
+@ti.kernel
+def k_fill(v: ti.template(), n: ti.i32):
+    for j in range(n):
+        v.append(j % v.num_arrays, j)
+
+
+def test_out_of_range_index_is_reported_in_debug_mode():
+    v = VLA(3, ti.i32, inline_capacity=1, chunk_size=2, name="dbg")
+    v.from_csr(np.array([0, 2, 2, 3]), np.array([5, 6, 7], np.int32))
+    assert k_get(v, 0, 1) == 6
+    with pytest.raises(ti.TaichiAssertionError, match="index out of range"):
+        k_get(v, 0, 2)  # k == length
+    with pytest.raises(ti.TaichiAssertionError, match="index out of range"):
+        k_get(v, 3, 0)  # list index == num_arrays
+    with pytest.raises(ti.TaichiAssertionError, match="list index out of range"):
+        k_append(v, -1, 0)
+
+
+def test_growth_in_debug_mode_recompiles_and_stays_correct():
+    # Debug bounds checks bake field shapes into the code, so growth must drop compiled kernels.
+    v = VLA(4, ti.i32, inline_capacity=1, chunk_size=2, name="dbg-grow")
+    launch(k_fill, v, 400)
+    assert v.stats()["recompile_events"] >= 1
+    assert sorted(v.to_lists()[1]) == list(range(1, 400, 4))
