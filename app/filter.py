@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default="gaussian", choices=sorted(KERNEL_SHAPES), help="kernel shape of every radius (default gaussian, sigma = r/3)")
     p.add_argument(
         "--method", default="auto", choices=["auto", *METHODS],
-        help="implementation (default auto: vla-shared on CUDA, vla-rows on the CPU; per-radius, padded and scipy are the benchmark's baselines)",
+        help="implementation (default auto: vla-shared on CUDA, vla-flat elsewhere; per-radius, padded and scipy are the benchmark's baselines)",
     )
     p.add_argument("--arch", default="cpu", choices=list(ARCHS), help="Taichi backend (default cpu)")
     p.add_argument("--max-radius", type=int, default=DEFAULT_MAX_RADIUS, help=f"refuse radii above this (default {DEFAULT_MAX_RADIUS})")

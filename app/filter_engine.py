@@ -2,7 +2,7 @@
 
 Methods (the same output, see app/filter_kernels.py):
     "vla"         one kernel, weight lists in a VLA (array r = weights of radius r), read per tap
-    "vla-rows"    CPU: the same, each row's task first stages all weight lists into a flat scratch row
+    "vla-flat"    the same after a staging pass that copies all weight lists into one flat buffer
     "vla-shared"  CUDA: the same, each 16x16 tile's block stages the weight lists and its image tile
                   (plus halo) into block shared memory
     "per-radius"  baseline (a): one kernel specialised per radius, launched per radius over its mask
@@ -19,7 +19,10 @@ import taichi as ti
 from app import filter_kernels as fk
 from app.filter_ref import scipy_filter, weight_lists
 
-METHODS = ("vla", "vla-rows", "vla-shared", "per-radius", "padded", "scipy")
+#: radii up to this get a compile-time path inside the staged VLA kernels (more costs compile time)
+DEFAULT_SPECIALISE = 16
+
+METHODS = ("vla", "vla-flat", "vla-shared", "per-radius", "padded", "scipy")
 
 
 def method_unavailable(method: str, max_radius: int, channels: int):
@@ -31,8 +34,6 @@ def method_unavailable(method: str, max_radius: int, channels: int):
         need = fk.staged_shared_bytes(max_radius, channels)
         if need > fk.SHARED_BYTES_LIMIT:
             return f"needs {need} B of shared memory per block for radius {max_radius}, above the {fk.SHARED_BYTES_LIMIT} B limit"
-    if method == "vla-rows" and arch == ti.cuda:
-        return "one thread per image row: a CPU design (use vla-shared on CUDA)"
     return None
 
 
@@ -49,11 +50,13 @@ class FilterEngine:
     weights_by_radius: list of ti.ndarray float32 ((2r+1)^2,), baseline (a).
     """
 
-    def __init__(self, height: int, width: int, channels: int, max_radius: int, shape: str = "gaussian"):
+    def __init__(self, height: int, width: int, channels: int, max_radius: int, shape: str = "gaussian", specialise: int = DEFAULT_SPECIALISE):
         if channels not in (1, 2, 3, 4):
             raise ValueError(f"channels must be 1..4, got {channels}")
         self.height, self.width, self.channels = int(height), int(width), int(channels)
         self.max_radius = int(max_radius)
+        # radii <= this get compile-time paths inside the one vla-flat / vla-shared kernel (-1: none)
+        self.specialise = min(int(specialise), self.max_radius)
         self.shape = shape
         self.image_in = ti.ndarray(ti.f32, shape=(height, width, channels))
         self.image_out = ti.ndarray(ti.f32, shape=(height, width, channels))
@@ -83,7 +86,7 @@ class FilterEngine:
             nd.from_numpy(w)
             self.weights_by_radius.append(nd)
         self.radii_present = []
-        self._scratch = None  # float32 (H, weight_total), vla-rows' staging rows, made on first use
+        self._flat = None  # float32 (weight_total,), vla-flat's staging buffer, made on first use
 
     def weights_vla(self):
         """The VLA of weight lists (array r = the (2r+1)^2 weights of radius r), made on first use with
@@ -122,9 +125,8 @@ class FilterEngine:
 
     # -- filtering -----------------------------------------------------------------------------------
     def best_vla_method(self) -> str:
-        """The fastest VLA method this arch runs: vla-shared on CUDA when the tile fits, else vla-rows
-        on the CPU, else vla."""
-        for m in ("vla-shared", "vla-rows", "vla"):
+        """The fastest VLA method this arch runs: vla-shared on CUDA when the tile fits, else vla-flat."""
+        for m in ("vla-shared", "vla-flat"):
             if self.unavailable(m) is None:
                 return m
         return "vla"
@@ -140,13 +142,15 @@ class FilterEngine:
             raise ValueError(f"method {method!r} {why}")
         if method == "vla":
             fk.kernel_filter_vla(self.image_in, self.radius, self.weights_vla(), self.image_out, C)
-        elif method == "vla-rows":
-            if self._scratch is None:
-                self._scratch = ti.ndarray(ti.f32, shape=(self.height, self.weight_total))
-            fk.kernel_filter_vla_rows(self.image_in, self.radius, self.weights_vla(), self.weight_offset, self._scratch, self.image_out, C)
+        elif method == "vla-flat":
+            if self._flat is None:
+                self._flat = ti.ndarray(ti.f32, shape=(self.weight_total,))
+            fk.kernel_stage_weights(self.weights_vla(), self.weight_offset, self._flat)
+            fk.kernel_filter_flat(self.image_in, self.radius, self._flat, self.weight_offset, self.image_out, C, self.specialise)
         elif method == "vla-shared":
             fk.kernel_filter_vla_shared(
-                self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total
+                self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
+                self.specialise,
             )
         elif method == "per-radius":
             for r in self.radii_present:

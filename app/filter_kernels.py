@@ -5,8 +5,8 @@ the same order (dy outer, dx inner, row-major weight lists), coordinates clamped
 only in where the weights live and how the loop over radii is organised:
 
 * ``kernel_filter_vla``: one kernel for every radius; the weight list of radius r is array r of a VLA.
-* ``kernel_filter_vla_rows`` (the CPU's staging tier): the same, each row's task first copies all weight
-  lists out of the VLA into a flat scratch row, then filters the row from there.
+* ``kernel_stage_weights`` + ``kernel_filter_flat`` (vla-flat, every arch): the same, after a staging
+  pass that copies all weight lists out of the VLA into one flat buffer (~1k elements, cache-resident).
 * ``kernel_filter_vla_shared`` (CUDA only, the VLA's tier 3): the same, one 16x16 tile per block; every
   block first stages all weight lists and its image tile plus halo into block shared memory, then
   filters from there.
@@ -78,10 +78,12 @@ def kernel_filter_vla_shared(
     C: ti.template(),
     R_MAX: ti.template(),
     WEIGHT_TOTAL: ti.template(),
+    SPEC: ti.template(),
 ):
     """CUDA only (block shared memory). weight_offset: int32 (R_MAX + 2,), prefix sum of the VLA's list
     lengths, so list r is staged at [weight_offset[r], weight_offset[r + 1]). WEIGHT_TOTAL = its last entry.
-    One tile of TILE x TILE pixels per block; loop index i -> thread i % B of tile i // B (Taichi's
+    Radii <= SPEC (compile-time, -1 for none) take a path specialised for their radius inside this one
+    kernel; larger radii the generic runtime loop. One tile of TILE x TILE pixels per block; loop index i -> thread i % B of tile i // B (Taichi's
     grid-stride loop keeps i % B equal to the thread index when block_dim = B)."""
     B = ti.static(TILE * TILE)
     HALO = ti.static(TILE + 2 * R_MAX)
@@ -122,15 +124,28 @@ def kernel_filter_vla_shared(
         if y < height and x < width:
             r = radius_map[y, x]
             acc = ti.Vector.zero(ti.f32, C)
-            t = weight_offset[r]
-            for dy in range(-r, r + 1):
-                row = (ly + R_MAX + dy) * HALO + lx + R_MAX
-                for dx in range(-r, r + 1):
-                    w = sh_w[t]
-                    t += 1
-                    p = (row + dx) * C
-                    for c in ti.static(range(C)):
-                        acc[c] += w * sh_img[p + c]
+            generic = True
+            for rr in ti.static(range(SPEC + 1)):  # compile-time paths: constant trip counts, as in (a)
+                if r == rr:
+                    generic = False
+                    t0 = weight_offset[rr]
+                    for dy in range(-rr, rr + 1):
+                        row = (ly + R_MAX + dy) * HALO + lx + R_MAX
+                        for dx in range(-rr, rr + 1):
+                            w = sh_w[t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
+                            p = (row + dx) * C
+                            for c in ti.static(range(C)):
+                                acc[c] += w * sh_img[p + c]
+            if generic:
+                t = weight_offset[r]
+                for dy in range(-r, r + 1):
+                    row = (ly + R_MAX + dy) * HALO + lx + R_MAX
+                    for dx in range(-r, r + 1):
+                        w = sh_w[t]
+                        t += 1
+                        p = (row + dx) * C
+                        for c in ti.static(range(C)):
+                            acc[c] += w * sh_img[p + c]
             for c in ti.static(range(C)):
                 out[y, x, c] = acc[c]
         # the next grid-stride iteration restages shared memory: wait until every thread has read it
@@ -138,40 +153,59 @@ def kernel_filter_vla_shared(
 
 
 @ti.kernel
-def kernel_filter_vla_rows(
+def kernel_stage_weights(weights: ti.template(), weight_offset: ti.types.ndarray(dtype=ti.i32, ndim=1), flat: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    """Copy every weight list out of the VLA into one flat buffer: list r to
+    flat[weight_offset[r] : weight_offset[r + 1]] (weight_offset: int32 (n_lists + 1,), the prefix sum of
+    the lengths). The staging pass of vla-flat: about a thousand elements, against (2r+1)^2 VLA reads
+    per pixel without it."""
+    for r in range(weight_offset.shape[0] - 1):
+        base = weight_offset[r]
+        for j in range(weight_offset[r + 1] - base):
+            flat[base + j] = weights.get(r, j)
+
+
+@ti.kernel
+def kernel_filter_flat(
     img: ti.types.ndarray(dtype=ti.f32, ndim=3),
     radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
-    weights: ti.template(),
+    flat: ti.types.ndarray(dtype=ti.f32, ndim=1),
     weight_offset: ti.types.ndarray(dtype=ti.i32, ndim=1),
-    scratch: ti.types.ndarray(dtype=ti.f32, ndim=2),
     out: ti.types.ndarray(dtype=ti.f32, ndim=3),
     C: ti.template(),
+    SPEC: ti.template(),
 ):
-    """The staged tier without shared memory (a CPU design: one thread per row on CUDA would starve): one task
-    per image row first copies every weight list out of the VLA into its own row of ``scratch``
-    (float32 (H, weight_offset[-1]), flat, cache-resident), then filters the row's pixels from there.
-    Staging costs one VLA read per weight per row, against (2r+1)^2 reads per pixel without it."""
+    """The filter pass of vla-flat: weights from the staged flat buffer (see kernel_stage_weights).
+    Radii <= SPEC (compile-time, -1 for none) take a path specialised for their radius inside this one
+    kernel (constant trip counts, as in baseline (a)); larger radii the generic runtime loop. Weight
+    list rr is square, (2rr+1)^2 long, as app.filter_ref.weight_lists makes them."""
     height, width = radius_map.shape[0], radius_map.shape[1]
-    n_lists = weight_offset.shape[0] - 1
-    for y in range(height):
-        for r in range(n_lists):
-            base = weight_offset[r]
-            for j in range(weight_offset[r + 1] - base):
-                scratch[y, base + j] = weights.get(r, j)
-        for x in range(width):
-            r = radius_map[y, x]
-            acc = ti.Vector.zero(ti.f32, C)
+    for y, x in ti.ndrange(height, width):
+        r = radius_map[y, x]
+        acc = ti.Vector.zero(ti.f32, C)
+        generic = True
+        for rr in ti.static(range(SPEC + 1)):
+            if r == rr:
+                generic = False
+                t0 = weight_offset[rr]
+                for dy in range(-rr, rr + 1):
+                    yy = func_clamp(y + dy, 0, height - 1)
+                    for dx in range(-rr, rr + 1):
+                        xx = func_clamp(x + dx, 0, width - 1)
+                        w = flat[t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
+                        for c in ti.static(range(C)):
+                            acc[c] += w * img[yy, xx, c]
+        if generic:
             t = weight_offset[r]
             for dy in range(-r, r + 1):
                 yy = func_clamp(y + dy, 0, height - 1)
                 for dx in range(-r, r + 1):
                     xx = func_clamp(x + dx, 0, width - 1)
-                    w = scratch[y, t]
+                    w = flat[t]
                     t += 1
                     for c in ti.static(range(C)):
                         acc[c] += w * img[yy, xx, c]
-            for c in ti.static(range(C)):
-                out[y, x, c] = acc[c]
+        for c in ti.static(range(C)):
+            out[y, x, c] = acc[c]
 
 
 @ti.kernel
