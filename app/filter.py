@@ -129,7 +129,7 @@ def write_image(path: str, image: np.ndarray, dtype: np.dtype) -> None:
 # -- CLI ---------------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one-line UserError instead of argparse's usage dump + SystemExit
-        raise UserError(f"filter: {message} (see python run.py filter --help)")
+        raise UserError(f"{self.prog}: {message} (see --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -112,7 +112,9 @@ def _device_name(arch: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from app.filter_engine import METHODS
 
-    p = argparse.ArgumentParser(prog="run.py bench filter", description=__doc__.split("\n\n")[0])
+    from app.filter import _Parser
+
+    p = _Parser(prog="run.py bench filter", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--small", action="store_true", help=f"{SMALL_SIZE[0]}x{SMALL_SIZE[1]} instead of --width x --height")
     p.add_argument("--width", type=int, default=1920)
