@@ -132,6 +132,7 @@ class Model:
     def load(self, scene: Scene):
         """Fill every field from a validated scene (capacity must suffice: see fits)."""
         sim = scene.resolved_sim()
+        self.set_params(sim)  # first: the grid cell size below depends on the contact margin
         self.set_materials(scene.materials)
         self.set_bodies(scene.bodies, scene.materials, start=0)
         rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
@@ -154,7 +155,6 @@ class Model:
         self.plane_clip_offset.from_numpy(co)
         self.plane_thickness.from_numpy(th)
         self.plane_count[None] = len(rows)
-        self.set_params(sim)
 
     def set_params(self, sim: dict):
         """Runtime parameters from a (resolved) sim mapping; no recompilation."""

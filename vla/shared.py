@@ -63,6 +63,9 @@ def stage(v: ti.template(), cache: ti.template(), i, lane, block_dim: ti.templat
     many were staged (0 without a cache)."""
     n = 0
     if ti.static(_staged(cache)):
+        # Barrier first: under a grid-stride loop the block reuses the buffer for its next list, and
+        # slower threads may still be reading the previous one.
+        ti.simt.block.sync()
         n = ti.min(v.length(i), ti.static(cache.shape[0]))
         k = lane
         while k < n:
