@@ -5,6 +5,7 @@ Methods (the same output, see app/filter_kernels.py):
     "vla-flat"    the same after a staging pass that copies all weight lists into one flat buffer
     "vla-shared"  CUDA: the same, each 16x16 tile's block stages the weight lists and its image tile
                   (plus halo) into block shared memory
+    "vla-shared-x4"  CUDA: the same with 32x32 tiles, each thread filtering a vertical run of 4 pixels
     "per-radius"  baseline (a): one kernel specialised per radius, launched per radius over its mask
     "padded"      baseline (b): one kernel, zero-padded table of the maximum radius
     "scipy"       baseline (c): scipy.ndimage on the CPU (host arrays, no Taichi)
@@ -22,16 +23,16 @@ from app.filter_ref import scipy_filter, weight_lists
 #: radii up to this get a compile-time path inside the staged VLA kernels (more costs compile time)
 DEFAULT_SPECIALISE = 16
 
-METHODS = ("vla", "vla-flat", "vla-shared", "per-radius", "padded", "scipy")
+METHODS = ("vla", "vla-flat", "vla-shared", "vla-shared-x4", "per-radius", "padded", "scipy")
 
 
 def method_unavailable(method: str, max_radius: int, channels: int):
     """Why ``method`` cannot run on the current arch (a str), or None when it can."""
     arch = current_arch()
-    if method == "vla-shared":
+    if method in ("vla-shared", "vla-shared-x4"):
         if arch != ti.cuda:
             return f"needs block shared memory (--arch cuda); this run has {arch.name}"
-        need = fk.staged_shared_bytes(max_radius, channels)
+        need = fk.staged_shared_bytes(max_radius, channels, fk.TILE if method == "vla-shared" else fk.RUN_TILE)
         if need > fk.SHARED_BYTES_LIMIT:
             return f"needs {need} B of shared memory per block for radius {max_radius}, above the {fk.SHARED_BYTES_LIMIT} B limit"
     return None
@@ -149,6 +150,11 @@ class FilterEngine:
             fk.kernel_filter_flat(self.image_in, self.radius, self._flat, self.weight_offset, self.image_out, C, self.specialise)
         elif method == "vla-shared":
             fk.kernel_filter_vla_shared(
+                self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
+                self.specialise,
+            )
+        elif method == "vla-shared-x4":
+            fk.kernel_filter_vla_shared_runs(
                 self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
                 self.specialise,
             )

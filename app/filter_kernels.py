@@ -5,6 +5,8 @@ the same order (dy outer, dx inner, row-major weight lists), coordinates clamped
 only in where the weights live and how the loop over radii is organised:
 
 * ``kernel_filter_vla``: one kernel for every radius; the weight list of radius r is array r of a VLA.
+* ``kernel_filter_vla_shared_runs`` (CUDA only): the same staging, 32x32 tiles, and each thread filters a
+  vertical run of RUN = 4 pixels, reusing every staged value it loads for all pixels of the run.
 * ``kernel_stage_weights`` + ``kernel_filter_flat`` (vla-flat, every arch): the same, after a staging
   pass that copies all weight lists out of the VLA into one flat buffer (~1k elements, cache-resident).
 * ``kernel_filter_vla_shared`` (CUDA only, the VLA's tier 3): the same, one 16x16 tile per block; every
@@ -30,10 +32,17 @@ TILE = 16
 SHARED_BYTES_LIMIT = 48 * 1024
 
 
-def staged_shared_bytes(max_radius: int, channels: int) -> int:
-    """Bytes of block shared memory kernel_filter_vla_shared needs: all weight lists plus the tile with halo."""
+#: kernel_filter_vla_shared_runs: pixels per thread (a vertical run), and its tile: RUN_TILE x RUN_TILE
+#: pixels per block of RUN_TILE * RUN_TILE / RUN threads (a warp = one row of 32 columns: conflict-free)
+RUN = 4
+RUN_TILE = 32
+
+
+def staged_shared_bytes(max_radius: int, channels: int, tile: int = TILE) -> int:
+    """Bytes of block shared memory a shared-memory kernel with a ``tile`` x ``tile`` pixel tile needs:
+    all weight lists plus the tile with its halo."""
     weights = sum((2 * r + 1) ** 2 for r in range(max_radius + 1))
-    halo = TILE + 2 * max_radius
+    halo = tile + 2 * max_radius
     return 4 * (weights + halo * halo * channels)
 
 
@@ -149,6 +158,121 @@ def kernel_filter_vla_shared(
             for c in ti.static(range(C)):
                 out[y, x, c] = acc[c]
         # the next grid-stride iteration restages shared memory: wait until every thread has read it
+        ti.simt.block.sync()
+
+
+@ti.kernel
+def kernel_filter_vla_shared_runs(
+    img: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    radius_map: ti.types.ndarray(dtype=ti.i32, ndim=2),
+    weights: ti.template(),
+    weight_offset: ti.types.ndarray(dtype=ti.i32, ndim=1),
+    out: ti.types.ndarray(dtype=ti.f32, ndim=3),
+    C: ti.template(),
+    R_MAX: ti.template(),
+    WEIGHT_TOTAL: ti.template(),
+    SPEC: ti.template(),
+):
+    """CUDA only. kernel_filter_vla_shared with register blocking: each thread filters RUN vertically
+    adjacent pixels. When the run shares one radius rr <= SPEC, every staged image value of the run's
+    window is read from shared memory once and used by up to RUN pixels (about 2 shared loads per tap
+    instead of 1 + C); per pixel the taps are still summed dy outer, dx inner, as everywhere else.
+    Other runs filter pixel by pixel as kernel_filter_vla_shared does. Tile RUN_TILE x RUN_TILE pixels,
+    block RUN_TILE * RUN_TILE / RUN threads; a warp covers one row of RUN_TILE = 32 columns, so its
+    lanes read consecutive 3- or 1-word pixels: no bank conflicts."""
+    B = ti.static(RUN_TILE * RUN_TILE // RUN)
+    HALO = ti.static(RUN_TILE + 2 * R_MAX)
+    height, width = radius_map.shape[0], radius_map.shape[1]
+    tiles_x = (width + RUN_TILE - 1) // RUN_TILE
+    tiles_y = (height + RUN_TILE - 1) // RUN_TILE
+    ti.loop_config(block_dim=B)
+    for i in range(tiles_x * tiles_y * B):
+        tid = i % B
+        tile = i // B
+        ty0 = (tile // tiles_x) * RUN_TILE
+        tx0 = (tile % tiles_x) * RUN_TILE
+        sh_w = ti.simt.block.SharedArray((WEIGHT_TOTAL,), ti.f32)
+        sh_img = ti.simt.block.SharedArray((HALO * HALO * C,), ti.f32)
+        for r in range(R_MAX + 1):
+            base = weight_offset[r]
+            n = weight_offset[r + 1] - base
+            j = tid
+            while j < n:
+                sh_w[base + j] = weights.get(r, j)
+                j += B
+        j = tid
+        while j < HALO * HALO:
+            hy = j // HALO
+            hx = j - hy * HALO
+            yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
+            xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
+            for c in ti.static(range(C)):
+                sh_img[j * C + c] = img[yy, xx, c]
+            j += B
+        ti.simt.block.sync()
+        lx = tid % RUN_TILE
+        ly0 = (tid // RUN_TILE) * RUN  # first tile row of this thread's run
+        x = tx0 + lx
+        y0 = ty0 + ly0
+        if x < width and y0 < height:
+            r0 = radius_map[y0, x]
+            uniform = y0 + RUN <= height
+            if uniform:
+                for q in ti.static(range(1, RUN)):
+                    if radius_map[y0 + q, x] != r0:
+                        uniform = False
+            done = False
+            if uniform:
+                for rr in ti.static(range(SPEC + 1)):
+                    if r0 == rr:
+                        done = True
+                        acc = ti.Matrix.zero(ti.f32, RUN, C)
+                        t0 = weight_offset[rr]
+                        for s in range(-rr, rr + RUN):  # staged row ly0 + s: row dy = s - q of pixel q
+                            row = (ly0 + R_MAX + s) * HALO + lx + R_MAX
+                            for dx in range(-rr, rr + 1):
+                                p = (row + dx) * C
+                                v = ti.Vector.zero(ti.f32, C)
+                                for c in ti.static(range(C)):
+                                    v[c] = sh_img[p + c]
+                                for q in ti.static(range(RUN)):
+                                    if s - q >= -rr and s - q <= rr:
+                                        w = sh_w[t0 + (s - q + rr) * (2 * rr + 1) + dx + rr]
+                                        for c in ti.static(range(C)):
+                                            acc[q, c] += w * v[c]
+                        for q in ti.static(range(RUN)):
+                            for c in ti.static(range(C)):
+                                out[y0 + q, x, c] = acc[q, c]
+            if not done:  # mixed radii (or the image's last rows): pixel by pixel, as kernel_filter_vla_shared
+                for q in range(RUN):
+                    y = y0 + q
+                    if y < height:
+                        r = radius_map[y, x]
+                        acc = ti.Vector.zero(ti.f32, C)
+                        generic = True
+                        for rr in ti.static(range(SPEC + 1)):
+                            if r == rr:
+                                generic = False
+                                t0 = weight_offset[rr]
+                                for dy in range(-rr, rr + 1):
+                                    row = (ly0 + q + R_MAX + dy) * HALO + lx + R_MAX
+                                    for dx in range(-rr, rr + 1):
+                                        w = sh_w[t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
+                                        pp = (row + dx) * C
+                                        for c in ti.static(range(C)):
+                                            acc[c] += w * sh_img[pp + c]
+                        if generic:
+                            t = weight_offset[r]
+                            for dy in range(-r, r + 1):
+                                row = (ly0 + q + R_MAX + dy) * HALO + lx + R_MAX
+                                for dx in range(-r, r + 1):
+                                    w = sh_w[t]
+                                    t += 1
+                                    pp = (row + dx) * C
+                                    for c in ti.static(range(C)):
+                                        acc[c] += w * sh_img[pp + c]
+                        for c in ti.static(range(C)):
+                            out[y, x, c] = acc[c]
         ti.simt.block.sync()
 
 

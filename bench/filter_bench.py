@@ -176,8 +176,14 @@ def run_bench(args) -> dict:
     # warm up every method (compiles), then time them round-robin, so that a slow spell of a shared
     # machine hits every method alike; the output of each is kept right after its last run
     device_methods = [m for m in methods if m != "scipy"]
-    for m in device_methods:
-        _time(lambda m=m: engine.run(m), args.warmup, 0, ti.sync)
+    for m in list(device_methods):
+        try:
+            _time(lambda m=m: engine.run(m), max(1, args.warmup), 0, ti.sync)
+        except Exception as e:  # a method that does not compile here is reported, not fatal
+            device_methods.remove(m)
+            methods.remove(m)
+            skipped[m] = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
+            print(f"warning: method {m} failed and is skipped: {skipped[m]}", file=sys.stderr)
     all_times = {m: [] for m in methods}
     outputs = {}
     for _ in range(args.repeats):

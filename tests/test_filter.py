@@ -120,7 +120,7 @@ def test_shared_method_refuses_cpu(ti_cpu):
     from app.filter_engine import FilterEngine
 
     engine = FilterEngine(4, 4, 1, 1)
-    assert engine.unavailable("vla-shared") and engine.best_vla_method() == "vla-flat"
+    assert engine.unavailable("vla-shared") and engine.unavailable("vla-shared-x4") and engine.best_vla_method() == "vla-flat"
     engine.set_image(_image(4, 4, 1))
     engine.set_radius_map(np.zeros((4, 4), np.int32))
     with pytest.raises(ValueError, match="cuda"):
@@ -202,7 +202,7 @@ def test_bench_smoke_writes_json_and_table(ti_cpu, tmp_path):
     assert set(rows) == set(CPU_METHODS)
     assert all(r["matches"] and r["mpixel_per_s"] > 0 for r in rows.values())
     assert rows["per-radius"]["launches"] == len(report["radii_present"]) == 4
-    assert report["copy"]["bytes_per_s"] > 0 and "vla-shared" in report["skipped"]
+    assert report["copy"]["bytes_per_s"] > 0 and {"vla-shared", "vla-shared-x4"} <= set(report["skipped"])
     assert "| vla |" in (tmp_path / "filter_bench.md").read_text()
 
 
