@@ -571,13 +571,14 @@ def _expand_generator(ctx, key, g, acc, material_index, rng):
         levels = _num(ctx, f"{key}.levels", g.get("levels"), integer=True, low=1)
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
         gap = _num(ctx, f"{key}.gap", g.get("gap", 0.0), nonneg=True)
-        # A 2-D pyramid in the x-y plane: level k has levels-k bodies, offset by half a body.
+        # A 2-D pyramid in the x-y plane: level k has levels-k bodies, offset by half a body. `gap` separates
+        # neighbours within a level; levels rest exactly on each other.
         w = 2 * ext[0] + gap
         for k in range(levels):
             n = levels - k
             for c in range(n):
                 x = (c - (n - 1) / 2.0) * w
-                p = origin + np.array([x, ext[1] + k * (2 * ext[1] + gap), 0.0])
+                p = origin + np.array([x, ext[1] + k * 2 * ext[1], 0.0])
                 acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
 
 

@@ -1,0 +1,264 @@
+"""Contacts: per-body contact lists behind one kernel-side interface, and the contact record.
+
+Every storage offers the same ``@ti.func`` methods, so the narrowphase and solver kernels take the storage
+as ``ti.template()`` and compile against whichever one the scene picked (``sim.contacts``):
+
+    slot = lists.append(i, x)   # thread-safe; returns x's index in list i
+    lists.length(i); lists.get(i, k); lists.set(i, k, x); lists.clear(i)
+
+and the host methods ``commit()``, ``clear_all()``, ``lengths()``, ``stats()``.
+
+* ``vla``: :class:`vla.VLA` itself (inline tier + chunk pool; never loses an element when appends run
+  through :func:`vla.launch`).
+* ``padded``: :class:`PaddedLists`, a fixed per-list maximum with an atomic counter. Appends past the
+  maximum are dropped and *counted* (``overflow_count``); the simulation reports them on stderr and in
+  metrics.
+* ``dynamic``: :class:`DynamicLists`, Taichi's ``dynamic`` SNode (memory allocated chunk by chunk as a
+  list grows, up to a maximum). Writes past the maximum would silently go nowhere in Taichi, so they are
+  counted the same way.
+
+Warm starting needs last step's contacts while this step's are built, so a :class:`ContactSet` keeps two
+generations in one storage of ``2 * body_capacity`` lists: body i's list in generation g is
+``g * body_capacity + i``. Kernels receive the two bases as runtime integers, so flipping generations
+never recompiles anything.
+"""
+
+import numpy as np
+import taichi as ti
+
+vec3 = ti.types.vector(3, ti.f32)
+
+# One contact as seen from the body that owns the list.
+#   point: vec3 m, world contact point (shared by both bodies' copies of a pair contact)
+#   normal: vec3, unit, the direction in which this contact pushes the owner (away from `other`)
+#   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
+#   other: i32, the other body, or -1 - plane for a static plane
+#   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
+#   impulse_n: f32 N s, accumulated normal impulse; impulse_t: vec3 N s, accumulated friction impulse
+#   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
+ContactRecord = ti.types.struct(point=vec3, normal=vec3, depth=ti.f32, other=ti.i32, feature=ti.i32,
+                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32, bias=ti.f32)
+CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1)
+
+
+def _dtype_bytes(dtype) -> int:
+    if dtype is ContactRecord:
+        return CONTACT_RECORD_BYTES
+    return 4
+
+
+@ti.data_oriented
+class PaddedLists:
+    """``num_arrays`` lists of at most ``max_length`` elements each: data[num_arrays, max_length] and an atomic
+    counter per list. Memory is num_arrays * max_length * element bytes whatever the lists hold."""
+
+    kind = "padded"
+
+    def __init__(self, num_arrays: int, dtype, max_length: int, name="padded"):
+        self.num_arrays = int(num_arrays)
+        self.max_length = int(max_length)
+        self.dtype = dtype
+        self.name = name
+        self.element_bytes = _dtype_bytes(dtype)
+        self.data = dtype.field(shape=(self.num_arrays, self.max_length)) if dtype is ContactRecord else \
+            ti.field(dtype, shape=(self.num_arrays, self.max_length))
+        self.count = ti.field(ti.i32, self.num_arrays)
+        self.overflow_count = ti.field(ti.i32, ())   # appends dropped since creation (cumulative)
+
+    @ti.func
+    def append(self, i, x):
+        slot = ti.atomic_add(self.count[i], 1)
+        if slot < self.max_length:
+            self.data[i, slot] = x
+        else:
+            ti.atomic_add(self.overflow_count[None], 1)
+        return slot
+
+    @ti.func
+    def length(self, i):
+        return ti.min(self.count[i], self.max_length)
+
+    @ti.func
+    def get(self, i, k):
+        return self.data[i, k]
+
+    @ti.func
+    def set(self, i, k, x):
+        self.data[i, k] = x
+
+    @ti.func
+    def clear(self, i):
+        self.count[i] = 0
+
+    def commit(self):
+        pass
+
+    def clear_all(self):
+        self.count.fill(0)
+
+    def lengths(self) -> np.ndarray:
+        return np.minimum(self.count.to_numpy(), self.max_length).astype(np.int32)
+
+    def overflowed(self) -> int:
+        return int(self.overflow_count[None])
+
+    def stats(self) -> dict:
+        live = int(self.lengths().sum())
+        reserved = self.num_arrays * self.max_length
+        return {"arrays": self.num_arrays, "live_elements": live, "reserved_elements": reserved,
+                "live_bytes": live * self.element_bytes,
+                "reserved_bytes": reserved * self.element_bytes + 4 * self.num_arrays,
+                "max_length": self.max_length, "overflow_total": self.overflowed()}
+
+
+@ti.data_oriented
+class DynamicLists:
+    """Lists in a Taichi ``dynamic`` SNode under a dense axis: each list's memory is allocated in chunks of
+    ``chunk_size`` as it grows, up to ``max_length``. Our own atomic counter gives the slot (Taichi's
+    ``ti.append`` handles only a single scalar field) and counts writes past the maximum, which the
+    SNode would drop without a word."""
+
+    kind = "dynamic"
+
+    def __init__(self, num_arrays: int, dtype, max_length: int, chunk_size: int = 8, name="dynamic"):
+        self.num_arrays = int(num_arrays)
+        self.max_length = int(max_length)
+        self.chunk_size = int(chunk_size)
+        self.dtype = dtype
+        self.name = name
+        self.element_bytes = _dtype_bytes(dtype)
+        self.data = dtype.field() if dtype is ContactRecord else ti.field(dtype)
+        self.block = ti.root.dense(ti.i, self.num_arrays).dynamic(ti.j, self.max_length, chunk_size=self.chunk_size)
+        self.block.place(self.data)
+        self.count = ti.field(ti.i32, self.num_arrays)
+        self.overflow_count = ti.field(ti.i32, ())
+
+    @ti.func
+    def append(self, i, x):
+        slot = ti.atomic_add(self.count[i], 1)
+        if slot < self.max_length:
+            self.data[i, slot] = x
+        else:
+            ti.atomic_add(self.overflow_count[None], 1)
+        return slot
+
+    @ti.func
+    def length(self, i):
+        return ti.min(self.count[i], self.max_length)
+
+    @ti.func
+    def get(self, i, k):
+        return self.data[i, k]
+
+    @ti.func
+    def set(self, i, k, x):
+        self.data[i, k] = x
+
+    @ti.func
+    def clear(self, i):
+        # Taichi's dynamic SNode keeps the chunks of a deactivated list in its allocator for reuse.
+        ti.deactivate(self.block, ti.cast(i, ti.i32))
+        self.count[i] = 0
+
+    def commit(self):
+        pass
+
+    def clear_all(self):
+        _k_clear_lists(self, 0, self.num_arrays)
+
+    def lengths(self) -> np.ndarray:
+        return np.minimum(self.count.to_numpy(), self.max_length).astype(np.int32)
+
+    def overflowed(self) -> int:
+        return int(self.overflow_count[None])
+
+    def stats(self) -> dict:
+        lengths = self.lengths()
+        live = int(lengths.sum())
+        # Chunks the live lists occupy: a lower bound on what the SNode allocator holds (it keeps freed chunks).
+        chunks = int(np.ceil(lengths / self.chunk_size).sum())
+        return {"arrays": self.num_arrays, "live_elements": live, "reserved_elements": chunks * self.chunk_size,
+                "live_bytes": live * self.element_bytes,
+                "reserved_bytes": chunks * self.chunk_size * self.element_bytes + 4 * self.num_arrays
+                + 8 * self.num_arrays,  # + our counter + the SNode's per-list chunk pointer/length
+                "reserved_bytes_note": "estimate: chunks needed by the current lengths",
+                "max_length": self.max_length, "chunk_size": self.chunk_size, "overflow_total": self.overflowed()}
+
+
+@ti.kernel
+def _k_clear_lists(lists: ti.template(), start: ti.i32, stop: ti.i32):
+    for i in range(start, stop):
+        lists.clear(i)
+
+
+def make_lists(kind: str, num_arrays: int, dtype, max_length: int, reserve_per_list: int = 4, name="lists"):
+    """Build a list storage by name; an unknown name raises ValueError listing the valid ones."""
+    if kind == "vla":
+        from vla import VLA
+        # Most bodies have a handful of contacts: keep those inline, the rest in 16-element chunks, and
+        # pre-reserve the pool for the expected mean so the first steps do not grow it repeatedly.
+        return VLA(num_arrays, dtype, inline_capacity=min(4, reserve_per_list), chunk_size=16,
+                   reserve=int(num_arrays * max(0, reserve_per_list - 4)), name=name)
+    if kind == "padded":
+        return PaddedLists(num_arrays, dtype, max_length, name=name)
+    if kind == "dynamic":
+        return DynamicLists(num_arrays, dtype, max_length, name=name)
+    raise ValueError(f"unknown contact storage {kind!r}; valid: vla | padded | dynamic")
+
+
+def lists_overflowed(lists) -> int:
+    """Appends lost so far (0 for a VLA, which never loses one when driven through vla.launch)."""
+    return lists.overflowed() if hasattr(lists, "overflowed") else 0
+
+
+@ti.data_oriented
+class ContactSet:
+    """Two generations of per-body contact lists in one storage (see module docstring).
+
+    lists: the storage (vla.VLA | PaddedLists | DynamicLists) of 2 * body_capacity ContactRecord lists.
+    generation: 0 or 1, the generation being built this step; `base` / `prev_base` are its list offsets.
+    contact_total: 0-d i32, contact points found in the last step (a pair contact counts once).
+    max_depth: 0-d f32 m, deepest penetration seen since the last reset_frame_stats().
+    """
+
+    def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, expected_per_body: int = 4):
+        self.kind = kind
+        self.body_capacity = int(body_capacity)
+        self.lists = make_lists(kind, 2 * self.body_capacity, ContactRecord, max_per_body,
+                                reserve_per_list=expected_per_body, name="contacts")
+        self.generation = 0
+        self.contact_total = ti.field(ti.i32, ())
+        self.max_depth = ti.field(ti.f32, ())
+
+    @property
+    def base(self) -> int:
+        return self.generation * self.body_capacity
+
+    @property
+    def prev_base(self) -> int:
+        return (1 - self.generation) * self.body_capacity
+
+    def begin_step(self, body_count: int):
+        """Flip generations and empty the one about to be rebuilt (last step's stays for warm starting)."""
+        self.generation = 1 - self.generation
+        _k_clear_lists(self.lists, self.base, self.base + body_count)
+        self.contact_total[None] = 0
+
+    def reset(self):
+        _k_clear_lists(self.lists, 0, 2 * self.body_capacity)
+        self.contact_total[None] = 0
+        self.max_depth[None] = 0.0
+
+    def lengths(self, body_count: int) -> np.ndarray:
+        """Contacts per body in the current generation, (body_count,) int32."""
+        lens = self.lists.lengths()
+        return lens[self.base:self.base + body_count].astype(np.int32)
+
+    def overflowed(self) -> int:
+        return lists_overflowed(self.lists)
+
+    def stats(self) -> dict:
+        s = dict(self.lists.stats())
+        s["kind"] = self.kind
+        s["element_bytes"] = CONTACT_RECORD_BYTES
+        return s

@@ -1,0 +1,447 @@
+"""Narrowphase: exact contact geometry for every candidate pair, appended to both bodies' lists.
+
+One thread per body i tests i against the planes and against every body j > i in the 27 grid cells
+around it (so each pair is tested once), and appends each contact point to list i *and* list j, with
+mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane, sphere-box, box-plane and
+box-box (separating-axis test over the 15 axes, then Sutherland-Hodgman clipping of the incident face
+against the reference face: a manifold of up to 4 points; edge-edge gives one point).
+
+Contacts closer than the contact margin are kept with a negative depth (speculative contacts): the
+solver lets such a pair approach by exactly the gap, so resting contacts do not flicker in and out
+and warm starting keeps its history.
+
+The contact storage is generic (see app/contacts.py): the kernel is compiled against whatever object
+is passed as `lists`.
+"""
+
+import taichi as ti
+
+from app.broadphase import grid_cell_of, grid_hash
+from app.contacts import ContactRecord
+from app.math3d import quat_to_mat, sign_nz
+
+vec3 = ti.types.vector(3, ti.f32)
+
+# Feature ids (warm-start keys, together with the other body). Plane contacts: the corner index.
+# Box-box: 16 * axis code + clipped-vertex index (axis code 0-2 faces of the lower-index body, 3-5 faces
+# of the other, 6-14 edge pairs).
+FEATURE_STRIDE = 16
+# Prefer a face axis over an edge axis unless the edge separates clearly more: relative and absolute
+# tolerances (fractions of the separation / of the smallest half extent). Without the bias, nearly
+# parallel resting boxes flip between face and edge manifolds from step to step.
+EDGE_REL_TOL = 0.95
+EDGE_ABS_TOL = 0.01
+
+
+@ti.func
+def _record(point, normal, depth, other, feature):
+    return ContactRecord(point=point, normal=normal, depth=depth, other=other, feature=feature, impulse_n=0.0,
+                         impulse_t=vec3(0.0), impulse_p=0.0, bias=0.0)
+
+
+Manifold = ti.types.struct(count=ti.i32, normal=vec3, point=ti.types.matrix(4, 3, ti.f32),
+                           depth=ti.types.vector(4, ti.f32), feature=ti.types.vector(4, ti.i32))
+"""Up to 4 contact points sharing one normal. For pairs the normal points from body i towards body j; for
+planes it is the plane normal. Every collide_* function fills one; a single emit loop per kernel appends
+them, so the storage's append is inlined in few places (compile time)."""
+
+
+@ti.func
+def manifold_empty():
+    return Manifold(count=0, normal=vec3(0.0, 1.0, 0.0), point=ti.Matrix.zero(ti.f32, 4, 3),
+                    depth=ti.Vector.zero(ti.f32, 4), feature=ti.Vector.zero(ti.i32, 4))
+
+
+@ti.func
+def manifold_add(m: ti.template(), point, depth, feature):
+    if m.count < 4:
+        for d in ti.static(range(3)):
+            m.point[m.count, d] = point[d]
+        m.depth[m.count] = depth
+        m.feature[m.count] = feature
+        m.count += 1
+
+
+@ti.func
+def plane_accepts(model: ti.template(), k, point, depth):
+    """Container walls: only points below the top, and not from behind the wall's thickness."""
+    return (depth <= model.plane_thickness[k]) and (model.plane_clip_normal[k].dot(point) <= model.plane_clip_offset[k])
+
+
+@ti.func
+def collide_sphere_plane(model: ti.template(), c, r, k, margin):
+    m = manifold_empty()
+    n = model.plane_normal[k]
+    m.normal = n
+    depth = model.plane_offset[k] - n.dot(c) + r
+    point = c - n * (r - 0.5 * depth)
+    if depth > -margin and plane_accepts(model, k, point, depth):
+        manifold_add(m, point, depth, 0)
+    return m
+
+
+@ti.func
+def collide_box_plane(model: ti.template(), p, R, h, k, margin):
+    """Up to 4 deepest penetrating corners (a resting face gives exactly its 4 corners)."""
+    m = manifold_empty()
+    n = model.plane_normal[k]
+    m.normal = n
+    off = model.plane_offset[k]
+    depths = ti.Vector.zero(ti.f32, 8)
+    for c in ti.static(range(8)):
+        s = vec3(1.0 if c & 1 else -1.0, 1.0 if c & 2 else -1.0, 1.0 if c & 4 else -1.0)
+        corner = p + R @ (s * h)
+        d = off - n.dot(corner)
+        ok = d > -margin and plane_accepts(model, k, corner + 0.5 * d * n, d)
+        depths[c] = d if ok else -1e30
+    for _ in range(4):
+        best = -1
+        best_d = -1e29
+        for c in range(8):
+            if depths[c] > best_d:
+                best_d = depths[c]
+                best = c
+        if best >= 0:
+            s = vec3(1.0 if best & 1 else -1.0, 1.0 if best & 2 else -1.0, 1.0 if best & 4 else -1.0)
+            corner = p + R @ (s * h)
+            manifold_add(m, corner + 0.5 * best_d * n, best_d, best)
+            depths[best] = -1e30
+    return m
+
+
+@ti.func
+def collide_sphere_sphere(ci, ri, cj, rj, margin):
+    m = manifold_empty()
+    d = cj - ci
+    dist = d.norm()
+    depth = ri + rj - dist
+    if depth > -margin:
+        n = vec3(0.0, 1.0, 0.0)
+        if dist > 1e-9:
+            n = d / dist
+        m.normal = n
+        manifold_add(m, ci + n * (ri - 0.5 * depth), depth, 0)
+    return m
+
+
+@ti.func
+def sphere_box_geometry(c, r, pb, R, h):
+    """(hit, n_bs, depth, point): n_bs points from the box towards the sphere centre."""
+    local = R.transpose() @ (c - pb)
+    clamped = ti.math.clamp(local, -h, h)
+    diff = local - clamped
+    dist = diff.norm()
+    n_local = vec3(0.0, 1.0, 0.0)
+    depth = 0.0
+    surf = clamped
+    if dist > 1e-7:
+        n_local = diff / dist
+        depth = r - dist
+    else:
+        # centre inside the box: push out through the nearest face
+        best = 0
+        best_gap = h[0] - ti.abs(local[0])
+        for a in ti.static(range(1, 3)):
+            g = h[a] - ti.abs(local[a])
+            if g < best_gap:
+                best_gap = g
+                best = a
+        n_local = vec3(0.0)
+        n_local[best] = sign_nz(local[best])
+        surf[best] = sign_nz(local[best]) * h[best]
+        depth = r + best_gap
+    n_bs = R @ n_local
+    q = pb + R @ surf
+    point = 0.5 * (q + c - n_bs * r)
+    return n_bs, depth, point
+
+
+@ti.func
+def _support_face_vertices(pc, R, h, k, sgn):
+    """4 vertices (rows of a 4x3 matrix, in loop order) of the face of box (pc, R, h) with outward normal
+    sgn * R[:, k]."""
+    u = (k + 1) % 3
+    v = (k + 2) % 3
+    ax = ti.Vector([R[0, k], R[1, k], R[2, k]])
+    au = ti.Vector([R[0, u], R[1, u], R[2, u]])
+    av = ti.Vector([R[0, v], R[1, v], R[2, v]])
+    fc = pc + ax * (sgn * h[k])
+    verts = ti.Matrix.zero(ti.f32, 8, 3)
+    su = ti.Vector([1.0, -1.0, -1.0, 1.0])
+    sv = ti.Vector([1.0, 1.0, -1.0, -1.0])
+    for m in ti.static(range(4)):
+        x = fc + au * (su[m] * h[u]) + av * (sv[m] * h[v])
+        for d in ti.static(range(3)):
+            verts[m, d] = x[d]
+    return verts
+
+
+@ti.func
+def _clip_polygon(poly, count, m, o):
+    """Sutherland-Hodgman: keep the part of polygon (rows 0..count-1 of an 8x3 matrix) with dot(m, x) <= o."""
+    out = ti.Matrix.zero(ti.f32, 8, 3)
+    n_out = 0
+    for a in range(count):
+        b = (a + 1) % count
+        xa = ti.Vector([poly[a, 0], poly[a, 1], poly[a, 2]])
+        xb = ti.Vector([poly[b, 0], poly[b, 1], poly[b, 2]])
+        da = m.dot(xa) - o
+        db = m.dot(xb) - o
+        if da <= 0 and n_out < 8:
+            for d in ti.static(range(3)):
+                out[n_out, d] = xa[d]
+            n_out += 1
+        if (da < 0 and db > 0) or (da > 0 and db < 0):
+            if n_out < 8:
+                x = xa + (xb - xa) * (da / (da - db))
+                for d in ti.static(range(3)):
+                    out[n_out, d] = x[d]
+                n_out += 1
+    return out, n_out
+
+
+@ti.func
+def _axis(R, k):
+    return ti.Vector([R[0, k], R[1, k], R[2, k]])
+
+
+@ti.func
+def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
+    """Separating axes + clipping. The manifold normal points from box A to box B."""
+    mf = manifold_empty()
+    t = pb - pa
+    separated = False
+    best_face_s = -1e30
+    best_face = -1
+    best_face_n = vec3(0.0)
+    best_edge_s = -1e30
+    best_edge = -1
+    best_edge_n = vec3(0.0)
+    lmin = ti.min(ha.min(), hb.min())
+    for code in range(15):  # a runtime loop: unrolling 15 axes makes this kernel slow to compile
+        L = vec3(0.0)
+        if code < 3:
+            L = _axis(Ra, code)
+        elif code < 6:
+            L = _axis(Rb, code - 3)
+        else:
+            L = _axis(Ra, (code - 6) // 3).cross(_axis(Rb, (code - 6) % 3))
+        ln = L.norm()
+        if ln > 1e-5 and not separated:
+            L = L / ln
+            ra = ha[0] * ti.abs(_axis(Ra, 0).dot(L)) + ha[1] * ti.abs(_axis(Ra, 1).dot(L)) + ha[2] * ti.abs(
+                _axis(Ra, 2).dot(L))
+            rb = hb[0] * ti.abs(_axis(Rb, 0).dot(L)) + hb[1] * ti.abs(_axis(Rb, 1).dot(L)) + hb[2] * ti.abs(
+                _axis(Rb, 2).dot(L))
+            tl = t.dot(L)
+            s = ti.abs(tl) - (ra + rb)
+            if s > margin:
+                separated = True
+            n = L * sign_nz(tl)
+            if code < 6:
+                # a small preference for A's faces keeps the reference face stable between steps
+                bias = 0.0
+                if code >= 3:
+                    bias = 1e-4 * lmin
+                if s > best_face_s + bias:
+                    best_face_s = s
+                    best_face = code
+                    best_face_n = n
+            else:
+                if s > best_edge_s:
+                    best_edge_s = s
+                    best_edge = code
+                    best_edge_n = n
+    if not separated and best_face >= 0:
+        use_edge = best_edge >= 0 and best_edge_s > EDGE_REL_TOL * best_face_s + EDGE_ABS_TOL * lmin
+        if use_edge:
+            n = best_edge_n
+            ia = (best_edge - 6) // 3
+            jb = (best_edge - 6) % 3
+            pA = pa
+            pB = pb
+            for k in ti.static(range(3)):
+                if k != ia:
+                    pA += _axis(Ra, k) * (sign_nz(_axis(Ra, k).dot(n)) * ha[k])
+                if k != jb:
+                    pB -= _axis(Rb, k) * (sign_nz(_axis(Rb, k).dot(n)) * hb[k])
+            da = _axis(Ra, ia)
+            db = _axis(Rb, jb)
+            r = pA - pB
+            b = da.dot(db)
+            c = da.dot(r)
+            f = db.dot(r)
+            denom = 1.0 - b * b
+            sa = 0.0
+            tb = 0.0
+            if denom > 1e-8:
+                sa = (b * f - c) / denom
+                tb = (f - b * c) / denom
+            sa = ti.math.clamp(sa, -ha[ia], ha[ia])
+            tb = ti.math.clamp(tb, -hb[jb], hb[jb])
+            point = 0.5 * (pA + da * sa + pB + db * tb)
+            mf.normal = n
+            manifold_add(mf, point, -best_edge_s, FEATURE_STRIDE * best_edge)
+        else:
+            n = best_face_n  # from A to B
+            ref_is_a = best_face < 3
+            pr, Rr, hr, pi_, Ri, hi = pa, Ra, ha, pb, Rb, hb
+            nr = n
+            k = best_face
+            if not ref_is_a:
+                pr, Rr, hr, pi_, Ri, hi = pb, Rb, hb, pa, Ra, ha
+                nr = -n
+                k = best_face - 3
+            # incident face: the incident box's face most anti-parallel to the reference normal
+            ki = 0
+            best_dot = -1.0
+            for m in ti.static(range(3)):
+                d = ti.abs(_axis(Ri, m).dot(nr))
+                if d > best_dot:
+                    best_dot = d
+                    ki = m
+            poly = _support_face_vertices(pi_, Ri, hi, ki, -sign_nz(_axis(Ri, ki).dot(nr)))
+            count = 4
+            u = (k + 1) % 3
+            v = (k + 2) % 3
+            au = _axis(Rr, u)
+            av = _axis(Rr, v)
+            for side in range(4):  # the reference face's four side planes, one inlined clip
+                ax = au if side < 2 else av
+                hw = hr[u] if side < 2 else hr[v]
+                sg = 1.0 if side % 2 == 0 else -1.0
+                if count > 0:
+                    poly, count = _clip_polygon(poly, count, sg * ax, sg * ax.dot(pr) + hw)
+            cr = pr + nr * hr[k]
+            # keep the points at most `margin` above the reference face
+            depth = ti.Vector.zero(ti.f32, 8)
+            keep = 0
+            for m in range(count):
+                x = ti.Vector([poly[m, 0], poly[m, 1], poly[m, 2]])
+                sep = nr.dot(x - cr)
+                if sep < margin:
+                    xm = x - nr * (0.5 * sep)
+                    for d in ti.static(range(3)):
+                        poly[keep, d] = xm[d]
+                    depth[keep] = -sep
+                    keep += 1
+            # reduce to at most 4: the deepest, the farthest from it, then the two that span the largest
+            # triangles on either side of that diagonal (keeps the support polygon's area)
+            sel = ti.Vector([-1, -1, -1, -1])
+            if keep <= 4:
+                for m in range(keep):
+                    sel[m] = m
+            else:
+                s0 = 0
+                for m in range(keep):
+                    if depth[m] > depth[s0]:
+                        s0 = m
+                x0 = ti.Vector([poly[s0, 0], poly[s0, 1], poly[s0, 2]])
+                s1 = -1
+                far = -1.0
+                for m in range(keep):
+                    x = ti.Vector([poly[m, 0], poly[m, 1], poly[m, 2]])
+                    dd = (x - x0).norm_sqr()
+                    if m != s0 and dd > far:
+                        far = dd
+                        s1 = m
+                x1 = ti.Vector([poly[s1, 0], poly[s1, 1], poly[s1, 2]])
+                s2 = -1
+                s3 = -1
+                amax = 0.0
+                amin = 0.0
+                for m in range(keep):
+                    if m != s0 and m != s1:
+                        x = ti.Vector([poly[m, 0], poly[m, 1], poly[m, 2]])
+                        area = (x1 - x0).cross(x - x0).dot(nr)
+                        if s2 < 0 or area > amax:
+                            amax = area
+                            s2 = m
+                        if s3 < 0 or area < amin:
+                            amin = area
+                            s3 = m
+                sel = ti.Vector([s0, s1, s2, s3])
+                if s3 == s2:
+                    sel[3] = -1
+            mf.normal = n
+            for m in range(4):
+                if sel[m] >= 0:
+                    q = sel[m]
+                    x = ti.Vector([poly[q, 0], poly[q, 1], poly[q, 2]])
+                    manifold_add(mf, x, depth[q], FEATURE_STRIDE * best_face + m)
+    return mf
+
+
+@ti.func
+def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
+    m = manifold_empty()
+    n_bs, depth, point = sphere_box_geometry(c, r, pb, R, h)
+    if depth > -margin:
+        m.normal = -n_bs if ti.static(sphere_first) else n_bs
+        manifold_add(m, point, depth, 0)
+    return m
+
+
+@ti.kernel
+def kernel_narrowphase(model: ti.template(), state: ti.template(), cells: ti.template(), table_size: ti.i32,
+                       lists: ti.template(), base: ti.i32, contacts: ti.template()):
+    """Find every contact of this step and append it to lists[base + body] (both bodies for pairs).
+
+    Inputs: model (shapes, planes, grid_cell_size, contact_margin), state (poses), cells (grid VLA of
+    table_size lists). Outputs: lists (contact storage), contacts.max_depth (atomic max; idempotent, as
+    vla.launch requires of a kernel it may re-run)."""
+    cs = model.grid_cell_size[None]
+    margin = model.contact_margin[None]
+    for i in range(model.body_count[None]):
+        pi_ = state.body_pos[i]
+        Ri = quat_to_mat(state.body_quat[i])
+        shape_i = model.body_shape[i]
+        ri = model.body_radius[i]
+        hi = model.body_half_extents[i]
+        fixed_i = model.body_inv_mass[i] == 0.0
+        if not fixed_i:
+            for k in range(model.plane_count[None]):
+                m = manifold_empty()
+                if shape_i == 0:
+                    m = collide_sphere_plane(model, pi_, ri, k, margin)
+                else:
+                    m = collide_box_plane(model, pi_, Ri, hi, k, margin)
+                for q in range(m.count):
+                    point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+                    lists.append(base + i, _record(point, m.normal, m.depth[q], -1 - k, m.feature[q]))
+                    ti.atomic_max(contacts.max_depth[None], m.depth[q])
+        c = grid_cell_of(pi_, cs)
+        seen = ti.Vector.zero(ti.i32, 27)
+        for nb in range(27):
+            cc = c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1])
+            h = grid_hash(cc, table_size)
+            seen[nb] = h
+            dup = False
+            for q in range(nb):
+                if seen[q] == h:
+                    dup = True
+            if not dup:
+                for s in range(cells.length(h)):
+                    j = cells.get(h, s)
+                    if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
+                        pj = state.body_pos[j]
+                        rj = model.body_radius[j]
+                        if (pj - pi_).norm() <= ri + rj + margin:
+                            shape_j = model.body_shape[j]
+                            m = manifold_empty()
+                            if shape_i == 0 and shape_j == 0:
+                                m = collide_sphere_sphere(pi_, ri, pj, rj, margin)
+                            elif shape_i == 1 and shape_j == 1:
+                                m = collide_box_box(pi_, Ri, hi, pj, quat_to_mat(state.body_quat[j]),
+                                                    model.body_half_extents[j], margin)
+                            elif shape_i == 0:
+                                m = sphere_box_manifold(pi_, ri, pj, quat_to_mat(state.body_quat[j]),
+                                                        model.body_half_extents[j], margin, True)
+                            else:
+                                m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
+                            # both bodies get every point; normals mirrored so each copy pushes its owner
+                            for q in range(m.count):
+                                point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+                                lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
+                                lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
+                                ti.atomic_max(contacts.max_depth[None], m.depth[q])

@@ -1,0 +1,253 @@
+"""Simulation: the facade the CLI, viewer and batch runner use.
+
+    sim = Simulation(scene)                    # a validated app.scene.Scene; ti.init must have run
+    sim.step_frame()                           # sim.substeps steps of sim.dt
+    sim.positions(), sim.orientations()        # numpy, bodies in scene order
+
+A step is: flip contact generations -> grid broadphase (VLA cell lists) -> narrowphase (appends to both
+bodies' contact lists; through vla.launch for the VLA storage, so no contact is lost) -> solver
+(prepare + Jacobi/mass-splitting iterations + integrate, in place on `state`).
+
+Everything the viewer changes live is runtime data: gravity and thresholds are Model fields, dt and
+solver iterations are plain attributes passed to kernels as scalars, materials are fields.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import taichi as ti
+
+from app.broadphase import Grid
+from app.contacts import ContactSet
+from app.errors import UserError
+from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
+from app.model import Model
+from app.narrowphase import kernel_narrowphase
+from app.scene import SHAPE_SPHERE, Scene, body_bounding_radius
+from app.solver import JacobiSolver
+from app.state import State
+
+
+class SimulationError(UserError):
+    """The simulation blew up (NaN or a body faster than sim.max_speed). Names the body and the step."""
+
+    exit_code = 1
+
+
+def _round_capacity(n: int) -> int:
+    cap = 16
+    while cap < n:
+        cap *= 2
+    return cap
+
+
+class Simulation:
+    """A running scene.
+
+    Attributes:
+        scene: the Scene it was built from (materials and statics as loaded).
+        model (app.model.Model), state (app.state.State; updated in place every step: fields keep their
+            identity, so a viewer kernel bound to state.body_pos / state.body_quat stays valid until a
+            capacity growth, see `generation_id`), contacts (app.contacts.ContactSet), solver
+            (app.solver.JacobiSolver), grid (app.broadphase.Grid), health (app.integrator.Health).
+        dt (s), substeps, solver_iterations: runtime; change freely between steps.
+        step_count: steps since the start (or last reset); sim_time = step_count * dt.
+        overflow_events: list of {"step", "lost", "total"} dicts, one per step range in which the padded or
+            dynamic storage dropped contacts (also printed on stderr).
+        generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
+    """
+
+    def __init__(self, scene: Scene, contacts=None, capacity=None, verbose=True):
+        self.verbose = verbose
+        self.contacts_kind = contacts or scene.sim["contacts"]
+        if self.contacts_kind not in ("vla", "padded", "dynamic"):
+            raise UserError(f"sim.contacts: expected vla | padded | dynamic, got {self.contacts_kind!r}")
+        self.generation_id = 0
+        self._padded = scene.sim["padded_capacity"]
+        self._allocate(max(capacity or 0, _round_capacity(scene.body_count)), scene)
+        self.load(scene)
+
+    # ------------------------------------------------------------------ setup
+    def _allocate(self, capacity: int, scene: Scene):
+        self.capacity = int(capacity)
+        self.model = Model(self.capacity)
+        self.state = State(self.capacity)
+        max_per_body = int(scene.sim["padded_capacity"])
+        self.contacts = ContactSet(self.contacts_kind, self.capacity, max_per_body=max_per_body)
+        self.solver = JacobiSolver(self.model, scene.sim["solver_iterations"])
+        self.grid = Grid(self.capacity)
+        self.health = Health()
+        self.generation_id += 1
+
+    def load(self, scene: Scene):
+        """(Re)load a scene into the existing fields when it fits (no recompilation), else reallocate."""
+        if not self.model.fits(scene) or scene.sim["padded_capacity"] != self._padded:
+            self._allocate(_round_capacity(scene.body_count), scene)
+        self._padded = scene.sim["padded_capacity"]
+        self.scene = scene
+        sim = scene.resolved_sim()
+        self.dt = float(sim["dt"])
+        self.substeps = int(sim["substeps"])
+        self.solver_iterations = int(sim["solver_iterations"])
+        self.model.load(scene)
+        b = scene.bodies
+        self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
+        self._initial = {k: v.copy() for k, v in b.items()}
+        self._initial_count = scene.body_count
+        self.contacts.reset()
+        self.health.reset()
+        self.step_count = 0
+        self.overflow_events = []
+        self._overflow_seen = self.contacts.overflowed()
+        self._contact_samples = []
+        self.contacts.max_depth[None] = 0.0
+        self._max_depth_total = 0.0
+
+    @property
+    def body_count(self) -> int:
+        return int(self.model.body_count[None])
+
+    @property
+    def sim_time(self) -> float:
+        return self.step_count * self.dt
+
+    def reset(self):
+        """Back to the scene's initial state (bodies added at runtime are removed)."""
+        self.load(self.scene)
+
+    def add_bodies(self, bodies: list):
+        """Append bodies at runtime (list of body dicts as in a scene file; generators allowed). Capacity
+        grows (fields are reallocated, state copied) when needed; existing bodies keep their state."""
+        from app.scene import validate
+
+        raw = dict(self.scene.raw)
+        raw["bodies"] = list(bodies)
+        extra = validate(raw, self.scene.path + " (added bodies)")
+        n0 = self.body_count
+        k = extra.body_count
+        if n0 + k > self.capacity:
+            saved = self.state.to_numpy(n0)
+            old = {key: self.model.host[key][:n0] for key in ("shape", "radius", "half_extents", "material", "fixed")}
+            gravity = self.model.gravity.to_numpy()
+            self._allocate(_round_capacity(n0 + k), self.scene)
+            self.model.load(self.scene)  # materials, planes and parameters; bodies are rewritten next
+            self.model.gravity.from_numpy(gravity)
+            self.model.set_bodies(old, self.scene.materials, 0)
+            self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
+            self.contacts.reset()
+        self.model.set_bodies(extra.bodies, self.scene.materials, n0)
+        b = extra.bodies
+        self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
+
+    def set_gravity(self, g):
+        self.model.gravity[None] = [float(x) for x in g]
+
+    def set_material(self, index_or_name, friction=None, restitution=None):
+        """Change a material's friction / restitution live (takes effect next step)."""
+        idx = index_or_name if isinstance(index_or_name, int) else self.scene.material_index[index_or_name]
+        if friction is not None:
+            self.model.material_friction[idx] = float(friction)
+        if restitution is not None:
+            self.model.material_restitution[idx] = float(restitution)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self):
+        """Advance one dt."""
+        n = self.body_count
+        self.contacts.begin_step(n)
+        self.grid.build(self.model, self.state)
+        args = (self.model, self.state, self.grid.cells, self.grid.table_size, self.contacts.lists,
+                self.contacts.base, self.contacts)
+        if self.contacts_kind == "vla":
+            from vla import launch
+
+            launch(kernel_narrowphase, *args, vlas=[self.contacts.lists])
+        else:
+            kernel_narrowphase(*args)
+        self.solver.iterations = self.solver_iterations
+        self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
+        self.step_count += 1
+
+    def step_frame(self):
+        """Advance `substeps` steps, then check health and overflow (one host sync per frame)."""
+        for _ in range(self.substeps):
+            self.step()
+        self.check()
+
+    def check(self):
+        """Raise SimulationError on NaN/explosion; record and report contact overflow."""
+        if int(self.health.error_step[None]) != NO_ERROR:
+            body = int(self.health.error_body[None])
+            step = int(self.health.error_step[None])
+            kind = "a NaN" if int(self.health.error_kind[None]) == 1 else \
+                f"a speed above sim.max_speed = {float(self.model.max_speed[None]):g} m/s"
+            raise SimulationError(
+                f"{self.scene.path}: simulation exploded: body {body} (scene order) got {kind} at step {step} "
+                f"(t = {step * self.dt:.4f} s); try a smaller sim.dt, more sim.solver_iterations, or bodies that do "
+                f"not start overlapping")
+        total = self.contacts.overflowed()
+        if total > self._overflow_seen:
+            lost = total - self._overflow_seen
+            self._overflow_seen = total
+            ev = {"step": self.step_count, "lost": lost, "total": total}
+            self.overflow_events.append(ev)
+            if self.verbose:
+                print(f"warning: contact storage '{self.contacts_kind}' dropped {lost} contacts before step "
+                      f"{self.step_count} (capacity {self.scene.sim['padded_capacity']} per body; raise "
+                      f"sim.padded_capacity or use contacts: vla)", file=sys.stderr)
+
+    # ------------------------------------------------------------------ host accessors (numpy, scene order)
+    def positions(self) -> np.ndarray:
+        """(N, 3) float32, m."""
+        return self.state.body_pos.to_numpy()[: self.body_count]
+
+    def orientations(self) -> np.ndarray:
+        """(N, 4) float32 unit quaternions (w, x, y, z)."""
+        return self.state.body_quat.to_numpy()[: self.body_count]
+
+    def velocities(self) -> np.ndarray:
+        """(N, 3) float32, m/s."""
+        return self.state.body_vel.to_numpy()[: self.body_count]
+
+    def angular_velocities(self) -> np.ndarray:
+        """(N, 3) float32, rad/s (world frame)."""
+        return self.state.body_omega.to_numpy()[: self.body_count]
+
+    def contact_counts(self) -> np.ndarray:
+        """(N,) int32, contacts in each body's list after the last step."""
+        return self.contacts.lengths(self.body_count)
+
+    def shapes(self) -> dict:
+        """shape (N,) int32 (0 sphere, 1 box), radius (N,) m (boxes: bounding radius), half_extents (N,3) m,
+        material (N,) int32, fixed (N,) bool, mass (N,) kg."""
+        h = self.model.host
+        n = self.body_count
+        return {"shape": h["shape"][:n].astype(np.int32), "radius": h["radius"][:n].astype(np.float32),
+                "half_extents": h["half_extents"][:n].astype(np.float32), "material": h["material"][:n].astype(np.int32),
+                "fixed": h["fixed"][:n].astype(bool), "mass": h["mass"][:n].astype(np.float32)}
+
+    def static_geometry(self) -> list:
+        """The scene's static list as validated: dicts {type: plane, normal, offset, material} or
+        {type: container, size, center, material} (material = index)."""
+        return [dict(s) for s in self.scene.statics]
+
+    def kinetic_energy(self) -> float:
+        return float(kernel_kinetic_energy(self.model, self.state))
+
+    def metrics(self) -> dict:
+        """Snapshot: contact counts, penetration, energy, storage statistics, overflow."""
+        counts = self.contact_counts()
+        return {
+            "step": self.step_count,
+            "sim_time": self.sim_time,
+            "bodies": self.body_count,
+            "contacts": int(self.contacts.contact_total[None]),
+            "contacts_per_body_max": int(counts.max()) if counts.size else 0,
+            "contacts_per_body_mean": float(counts.mean()) if counts.size else 0.0,
+            "max_penetration": float(self.contacts.max_depth[None]),
+            "kinetic_energy": self.kinetic_energy(),
+            "contact_storage": self.contacts.stats(),
+            "grid": self.grid.stats(),
+            "overflow_total": self.contacts.overflowed(),
+        }
