@@ -88,6 +88,7 @@ class FilterEngine:
             self.weights_by_radius.append(nd)
         self.radii_present = []
         self._flat = None  # float32 (weight_total,), vla-flat's staging buffer, made on first use
+        self._no_emulation = None
 
     def weights_vla(self):
         """The VLA of weight lists (array r = the (2r+1)^2 weights of radius r), made on first use with
@@ -135,10 +136,28 @@ class FilterEngine:
     def unavailable(self, method: str):
         return method_unavailable(method, self.max_radius, self.channels)
 
-    def run(self, method: str) -> None:
-        """Filter image_in into image_out (device) with one method; asynchronous on CUDA (call ti.sync())."""
+    def _emulation_buffers(self, tile: int, emulate: bool):
+        """(weights, image) buffers for the shared-memory kernels: one element each on CUDA (unused);
+        under emulation, a private copy of the block's shared memory for every thread."""
+        if not emulate:
+            if self._no_emulation is None:
+                self._no_emulation = (ti.ndarray(ti.f32, shape=(1,)), ti.ndarray(ti.f32, shape=(1,)))
+            return self._no_emulation
+        tiles = -(-self.height // tile) * -(-self.width // tile)
+        threads = tiles * (fk.TILE * fk.TILE if tile == fk.TILE else fk.RUN_TILE * fk.RUN_TILE // fk.RUN)
+        halo = tile + 2 * self.max_radius
+        return (
+            ti.ndarray(ti.f32, shape=(threads * self.weight_total,)),
+            ti.ndarray(ti.f32, shape=(threads * halo * halo * self.channels,)),
+        )
+
+    def run(self, method: str, emulate_shared: bool = False) -> None:
+        """Filter image_in into image_out (device) with one method; asynchronous on CUDA (call ti.sync()).
+        emulate_shared: run vla-shared / vla-shared-x4 on the CPU with every thread staging a private copy
+        of its block's shared memory (a test of their indexing; slow, small images only)."""
         C = self.channels
-        why = self.unavailable(method) if method in METHODS else None
+        emulate = bool(emulate_shared) and method in ("vla-shared", "vla-shared-x4")
+        why = self.unavailable(method) if method in METHODS and not emulate else None
         if why:
             raise ValueError(f"method {method!r} {why}")
         if method == "vla":
@@ -151,12 +170,12 @@ class FilterEngine:
         elif method == "vla-shared":
             fk.kernel_filter_vla_shared(
                 self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
-                self.specialise,
+                self.specialise, emulate, *self._emulation_buffers(fk.TILE, emulate),
             )
         elif method == "vla-shared-x4":
             fk.kernel_filter_vla_shared_runs(
                 self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
-                self.specialise,
+                self.specialise, emulate, *self._emulation_buffers(fk.RUN_TILE, emulate),
             )
         elif method == "per-radius":
             for r in self.radii_present:

@@ -46,6 +46,16 @@ def staged_shared_bytes(max_radius: int, channels: int, tile: int = TILE) -> int
     return 4 * (weights + halo * halo * channels)
 
 
+def block_buffers(emulate: bool, emu_w, emu_img, w_size: int, img_size: int):
+    """Evaluated while a kernel compiles (inside ti.static): the (weights, image) block-shared float32
+    arrays of a shared-memory kernel, or, when ``emulate`` (the CPU test of those kernels), the global
+    buffers ``emu_w`` and ``emu_img`` in which every thread keeps a private copy at offset
+    thread * size."""
+    if emulate:
+        return emu_w, emu_img
+    return ti.simt.block.SharedArray((w_size,), ti.f32), ti.simt.block.SharedArray((img_size,), ti.f32)
+
+
 @ti.func
 def func_clamp(v: ti.i32, lo: ti.i32, hi: ti.i32) -> ti.i32:
     return ti.min(ti.max(v, lo), hi)
@@ -88,6 +98,9 @@ def kernel_filter_vla_shared(
     R_MAX: ti.template(),
     WEIGHT_TOTAL: ti.template(),
     SPEC: ti.template(),
+    EMU: ti.template(),
+    emu_w: ti.types.ndarray(dtype=ti.f32, ndim=1),
+    emu_img: ti.types.ndarray(dtype=ti.f32, ndim=1),
 ):
     """CUDA only (block shared memory). weight_offset: int32 (R_MAX + 2,), prefix sum of the VLA's list
     lengths, so list r is staged at [weight_offset[r], weight_offset[r + 1]). WEIGHT_TOTAL = its last entry.
@@ -105,27 +118,33 @@ def kernel_filter_vla_shared(
         tile = i // B
         ty0 = (tile // tiles_x) * TILE
         tx0 = (tile % tiles_x) * TILE
-        sh_w = ti.simt.block.SharedArray((WEIGHT_TOTAL,), ti.f32)
-        sh_img = ti.simt.block.SharedArray((HALO * HALO * C,), ti.f32)
+        sh_w, sh_img = ti.static(block_buffers(EMU, emu_w, emu_img, WEIGHT_TOTAL, HALO * HALO * C))
+        # EMU (CPU test only): thread i stages everything into its own copy; on CUDA wb = ib = 0 and
+        # lane/step are the thread index and the block size (cooperative staging)
+        wb = i * ti.static(WEIGHT_TOTAL * int(EMU))
+        ib = i * ti.static(HALO * HALO * C * int(EMU))
+        lane = tid * ti.static(1 - int(EMU))
+        step = ti.static(B - (B - 1) * int(EMU))
         # stage every weight list (read-mostly, reused by every pixel of the tile)
         for r in range(R_MAX + 1):
             base = weight_offset[r]
             n = weight_offset[r + 1] - base
-            j = tid
+            j = lane
             while j < n:
-                sh_w[base + j] = weights.get(r, j)
-                j += B
+                sh_w[wb + base + j] = weights.get(r, j)
+                j += step
         # stage the tile and its halo, clamped to the image: the clamp happens here, once per value
-        j = tid
+        j = lane
         while j < HALO * HALO:
             hy = j // HALO
             hx = j - hy * HALO
             yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
             xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
             for c in ti.static(range(C)):
-                sh_img[j * C + c] = img[yy, xx, c]
-            j += B
-        ti.simt.block.sync()
+                sh_img[ib + j * C + c] = img[yy, xx, c]
+            j += step
+        if ti.static(not EMU):
+            ti.simt.block.sync()
         ly = tid // TILE
         lx = tid - ly * TILE
         y = ty0 + ly
@@ -141,24 +160,25 @@ def kernel_filter_vla_shared(
                     for dy in range(-rr, rr + 1):
                         row = (ly + R_MAX + dy) * HALO + lx + R_MAX
                         for dx in range(-rr, rr + 1):
-                            w = sh_w[t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
+                            w = sh_w[wb + t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
                             p = (row + dx) * C
                             for c in ti.static(range(C)):
-                                acc[c] += w * sh_img[p + c]
+                                acc[c] += w * sh_img[ib + p + c]
             if generic:
                 t = weight_offset[r]
                 for dy in range(-r, r + 1):
                     row = (ly + R_MAX + dy) * HALO + lx + R_MAX
                     for dx in range(-r, r + 1):
-                        w = sh_w[t]
+                        w = sh_w[wb + t]
                         t += 1
                         p = (row + dx) * C
                         for c in ti.static(range(C)):
-                            acc[c] += w * sh_img[p + c]
+                            acc[c] += w * sh_img[ib + p + c]
             for c in ti.static(range(C)):
                 out[y, x, c] = acc[c]
         # the next grid-stride iteration restages shared memory: wait until every thread has read it
-        ti.simt.block.sync()
+        if ti.static(not EMU):
+            ti.simt.block.sync()
 
 
 @ti.kernel
@@ -172,6 +192,9 @@ def kernel_filter_vla_shared_runs(
     R_MAX: ti.template(),
     WEIGHT_TOTAL: ti.template(),
     SPEC: ti.template(),
+    EMU: ti.template(),
+    emu_w: ti.types.ndarray(dtype=ti.f32, ndim=1),
+    emu_img: ti.types.ndarray(dtype=ti.f32, ndim=1),
 ):
     """CUDA only. kernel_filter_vla_shared with register blocking: each thread filters RUN vertically
     adjacent pixels. When the run shares one radius rr <= SPEC, every staged image value of the run's
@@ -191,25 +214,31 @@ def kernel_filter_vla_shared_runs(
         tile = i // B
         ty0 = (tile // tiles_x) * RUN_TILE
         tx0 = (tile % tiles_x) * RUN_TILE
-        sh_w = ti.simt.block.SharedArray((WEIGHT_TOTAL,), ti.f32)
-        sh_img = ti.simt.block.SharedArray((HALO * HALO * C,), ti.f32)
+        sh_w, sh_img = ti.static(block_buffers(EMU, emu_w, emu_img, WEIGHT_TOTAL, HALO * HALO * C))
+        # EMU (CPU test only): thread i stages everything into its own copy; on CUDA wb = ib = 0 and
+        # lane/step are the thread index and the block size (cooperative staging)
+        wb = i * ti.static(WEIGHT_TOTAL * int(EMU))
+        ib = i * ti.static(HALO * HALO * C * int(EMU))
+        lane = tid * ti.static(1 - int(EMU))
+        step = ti.static(B - (B - 1) * int(EMU))
         for r in range(R_MAX + 1):
             base = weight_offset[r]
             n = weight_offset[r + 1] - base
-            j = tid
+            j = lane
             while j < n:
-                sh_w[base + j] = weights.get(r, j)
-                j += B
-        j = tid
+                sh_w[wb + base + j] = weights.get(r, j)
+                j += step
+        j = lane
         while j < HALO * HALO:
             hy = j // HALO
             hx = j - hy * HALO
             yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
             xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
             for c in ti.static(range(C)):
-                sh_img[j * C + c] = img[yy, xx, c]
-            j += B
-        ti.simt.block.sync()
+                sh_img[ib + j * C + c] = img[yy, xx, c]
+            j += step
+        if ti.static(not EMU):
+            ti.simt.block.sync()
         lx = tid % RUN_TILE
         ly0 = (tid // RUN_TILE) * RUN  # first tile row of this thread's run
         x = tx0 + lx
@@ -234,10 +263,10 @@ def kernel_filter_vla_shared_runs(
                                 p = (row + dx) * C
                                 v = ti.Vector.zero(ti.f32, C)
                                 for c in ti.static(range(C)):
-                                    v[c] = sh_img[p + c]
+                                    v[c] = sh_img[ib + p + c]
                                 for q in ti.static(range(RUN)):
                                     if s - q >= -rr and s - q <= rr:
-                                        w = sh_w[t0 + (s - q + rr) * (2 * rr + 1) + dx + rr]
+                                        w = sh_w[wb + t0 + (s - q + rr) * (2 * rr + 1) + dx + rr]
                                         for c in ti.static(range(C)):
                                             acc[q, c] += w * v[c]
                         for q in ti.static(range(RUN)):
@@ -257,23 +286,24 @@ def kernel_filter_vla_shared_runs(
                                 for dy in range(-rr, rr + 1):
                                     row = (ly0 + q + R_MAX + dy) * HALO + lx + R_MAX
                                     for dx in range(-rr, rr + 1):
-                                        w = sh_w[t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
+                                        w = sh_w[wb + t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
                                         pp = (row + dx) * C
                                         for c in ti.static(range(C)):
-                                            acc[c] += w * sh_img[pp + c]
+                                            acc[c] += w * sh_img[ib + pp + c]
                         if generic:
                             t = weight_offset[r]
                             for dy in range(-r, r + 1):
                                 row = (ly0 + q + R_MAX + dy) * HALO + lx + R_MAX
                                 for dx in range(-r, r + 1):
-                                    w = sh_w[t]
+                                    w = sh_w[wb + t]
                                     t += 1
                                     pp = (row + dx) * C
                                     for c in ti.static(range(C)):
-                                        acc[c] += w * sh_img[pp + c]
+                                        acc[c] += w * sh_img[ib + pp + c]
                         for c in ti.static(range(C)):
                             out[y, x, c] = acc[c]
-        ti.simt.block.sync()
+        if ti.static(not EMU):
+            ti.simt.block.sync()
 
 
 @ti.kernel
