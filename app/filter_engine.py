@@ -3,7 +3,7 @@
 Methods (the same output, see app/filter_kernels.py):
     "vla"         one kernel, weight lists in a VLA (array r = weights of radius r), read per tap
     "vla-flat"    the same after a staging pass that copies all weight lists into one flat buffer
-    "vla-shared"  CUDA: the same, each 16x16 tile's block stages the weight lists and its image tile
+    "vla-shared"  CUDA: the same, each 32x8 tile's block stages the weight lists and its image tile
                   (plus halo) into block shared memory
     "vla-shared-x4"  CUDA: the same with 32x32 tiles, each thread filtering a vertical run of 4 pixels
     "per-radius"  baseline (a): one kernel specialised per radius, launched per radius over its mask
@@ -32,7 +32,8 @@ def method_unavailable(method: str, max_radius: int, channels: int):
     if method in ("vla-shared", "vla-shared-x4"):
         if arch != ti.cuda:
             return f"needs block shared memory (--arch cuda); this run has {arch.name}"
-        need = fk.staged_shared_bytes(max_radius, channels, fk.TILE if method == "vla-shared" else fk.RUN_TILE)
+        tile = (fk.TILE_X, fk.TILE_Y) if method == "vla-shared" else (fk.RUN_TILE, fk.RUN_TILE)
+        need = fk.staged_shared_bytes(max_radius, channels, *tile)
         if need > fk.SHARED_BYTES_LIMIT:
             return f"needs {need} B of shared memory per block for radius {max_radius}, above the {fk.SHARED_BYTES_LIMIT} B limit"
     return None
@@ -136,19 +137,22 @@ class FilterEngine:
     def unavailable(self, method: str):
         return method_unavailable(method, self.max_radius, self.channels)
 
-    def _emulation_buffers(self, tile: int, emulate: bool):
+    def _emulation_buffers(self, method: str, emulate: bool):
         """(weights, image) buffers for the shared-memory kernels: one element each on CUDA (unused);
         under emulation, a private copy of the block's shared memory for every thread."""
         if not emulate:
             if self._no_emulation is None:
                 self._no_emulation = (ti.ndarray(ti.f32, shape=(1,)), ti.ndarray(ti.f32, shape=(1,)))
             return self._no_emulation
-        tiles = -(-self.height // tile) * -(-self.width // tile)
-        threads = tiles * (fk.TILE * fk.TILE if tile == fk.TILE else fk.RUN_TILE * fk.RUN_TILE // fk.RUN)
-        halo = tile + 2 * self.max_radius
+        if method == "vla-shared":
+            tx, ty, block = fk.TILE_X, fk.TILE_Y, fk.TILE_X * fk.TILE_Y
+        else:
+            tx, ty, block = fk.RUN_TILE, fk.RUN_TILE, fk.RUN_TILE * fk.RUN_TILE // fk.RUN
+        threads = -(-self.height // ty) * -(-self.width // tx) * block
+        halo = (tx + 2 * self.max_radius) * (ty + 2 * self.max_radius)
         return (
             ti.ndarray(ti.f32, shape=(threads * self.weight_total,)),
-            ti.ndarray(ti.f32, shape=(threads * halo * halo * self.channels,)),
+            ti.ndarray(ti.f32, shape=(threads * halo * self.channels,)),
         )
 
     def run(self, method: str, emulate_shared: bool = False) -> None:
@@ -170,12 +174,12 @@ class FilterEngine:
         elif method == "vla-shared":
             fk.kernel_filter_vla_shared(
                 self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
-                self.specialise, emulate, *self._emulation_buffers(fk.TILE, emulate),
+                self.specialise, emulate, *self._emulation_buffers(method, emulate),
             )
         elif method == "vla-shared-x4":
             fk.kernel_filter_vla_shared_runs(
                 self.image_in, self.radius, self.weights_vla(), self.weight_offset, self.image_out, C, self.max_radius, self.weight_total,
-                self.specialise, emulate, *self._emulation_buffers(fk.RUN_TILE, emulate),
+                self.specialise, emulate, *self._emulation_buffers(method, emulate),
             )
         elif method == "per-radius":
             for r in self.radii_present:

@@ -9,7 +9,7 @@ only in where the weights live and how the loop over radii is organised:
   vertical run of RUN = 4 pixels, reusing every staged value it loads for all pixels of the run.
 * ``kernel_stage_weights`` + ``kernel_filter_flat`` (vla-flat, every arch): the same, after a staging
   pass that copies all weight lists out of the VLA into one flat buffer (~1k elements, cache-resident).
-* ``kernel_filter_vla_shared`` (CUDA only, the VLA's tier 3): the same, one 16x16 tile per block; every
+* ``kernel_filter_vla_shared`` (CUDA only, the VLA's tier 3): the same, one 32x8 tile per block; every
   block first stages all weight lists and its image tile plus halo into block shared memory, then
   filters from there.
 * ``kernel_filter_fixed_radius``: baseline (a), compiled once per radius R (R is a compile-time constant,
@@ -26,8 +26,10 @@ Kernels are free functions with every input passed explicitly; C, R and R_max ar
 """
 import taichi as ti
 
-#: side of the square pixel tile one CUDA block filters in kernel_filter_vla_shared (block = TILE * TILE threads)
-TILE = 16
+#: kernel_filter_vla_shared: one block of TILE_X * TILE_Y threads filters a TILE_X x TILE_Y pixel tile; a
+#: warp is one row of 32 columns, whose lanes read consecutive 1- or 3-word pixels: no bank conflicts
+TILE_X = 32
+TILE_Y = 8
 #: shared memory one block may use without opting in to more (CUDA's static limit, in bytes)
 SHARED_BYTES_LIMIT = 48 * 1024
 
@@ -38,12 +40,11 @@ RUN = 4
 RUN_TILE = 32
 
 
-def staged_shared_bytes(max_radius: int, channels: int, tile: int = TILE) -> int:
-    """Bytes of block shared memory a shared-memory kernel with a ``tile`` x ``tile`` pixel tile needs:
-    all weight lists plus the tile with its halo."""
+def staged_shared_bytes(max_radius: int, channels: int, tile_x: int, tile_y: int) -> int:
+    """Bytes of block shared memory a shared-memory kernel with a tile_x x tile_y pixel tile needs: all
+    weight lists plus the tile with its halo."""
     weights = sum((2 * r + 1) ** 2 for r in range(max_radius + 1))
-    halo = tile + 2 * max_radius
-    return 4 * (weights + halo * halo * channels)
+    return 4 * (weights + (tile_x + 2 * max_radius) * (tile_y + 2 * max_radius) * channels)
 
 
 def block_buffers(emulate: bool, emu_w, emu_img, w_size: int, img_size: int):
@@ -105,24 +106,26 @@ def kernel_filter_vla_shared(
     """CUDA only (block shared memory). weight_offset: int32 (R_MAX + 2,), prefix sum of the VLA's list
     lengths, so list r is staged at [weight_offset[r], weight_offset[r + 1]). WEIGHT_TOTAL = its last entry.
     Radii <= SPEC (compile-time, -1 for none) take a path specialised for their radius inside this one
-    kernel; larger radii the generic runtime loop. One tile of TILE x TILE pixels per block; loop index i -> thread i % B of tile i // B (Taichi's
-    grid-stride loop keeps i % B equal to the thread index when block_dim = B)."""
-    B = ti.static(TILE * TILE)
-    HALO = ti.static(TILE + 2 * R_MAX)
+    kernel; larger radii the generic runtime loop. One tile of TILE_X x TILE_Y pixels per block; loop
+    index i -> thread i % B of tile i // B (Taichi's grid-stride loop keeps i % B equal to the thread
+    index when block_dim = B)."""
+    B = ti.static(TILE_X * TILE_Y)
+    HALO_X = ti.static(TILE_X + 2 * R_MAX)
+    HALO_Y = ti.static(TILE_Y + 2 * R_MAX)
     height, width = radius_map.shape[0], radius_map.shape[1]
-    tiles_x = (width + TILE - 1) // TILE
-    tiles_y = (height + TILE - 1) // TILE
+    tiles_x = (width + TILE_X - 1) // TILE_X
+    tiles_y = (height + TILE_Y - 1) // TILE_Y
     ti.loop_config(block_dim=B)
     for i in range(tiles_x * tiles_y * B):
         tid = i % B
         tile = i // B
-        ty0 = (tile // tiles_x) * TILE
-        tx0 = (tile % tiles_x) * TILE
-        sh_w, sh_img = ti.static(block_buffers(EMU, emu_w, emu_img, WEIGHT_TOTAL, HALO * HALO * C))
+        ty0 = (tile // tiles_x) * TILE_Y
+        tx0 = (tile % tiles_x) * TILE_X
+        sh_w, sh_img = ti.static(block_buffers(EMU, emu_w, emu_img, WEIGHT_TOTAL, HALO_X * HALO_Y * C))
         # EMU (CPU test only): thread i stages everything into its own copy; on CUDA wb = ib = 0 and
         # lane/step are the thread index and the block size (cooperative staging)
         wb = i * ti.static(WEIGHT_TOTAL * int(EMU))
-        ib = i * ti.static(HALO * HALO * C * int(EMU))
+        ib = i * ti.static(HALO_X * HALO_Y * C * int(EMU))
         lane = tid * ti.static(1 - int(EMU))
         step = ti.static(B - (B - 1) * int(EMU))
         # stage every weight list (read-mostly, reused by every pixel of the tile)
@@ -135,9 +138,9 @@ def kernel_filter_vla_shared(
                 j += step
         # stage the tile and its halo, clamped to the image: the clamp happens here, once per value
         j = lane
-        while j < HALO * HALO:
-            hy = j // HALO
-            hx = j - hy * HALO
+        while j < HALO_X * HALO_Y:
+            hy = j // HALO_X
+            hx = j - hy * HALO_X
             yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
             xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
             for c in ti.static(range(C)):
@@ -145,8 +148,8 @@ def kernel_filter_vla_shared(
             j += step
         if ti.static(not EMU):
             ti.simt.block.sync()
-        ly = tid // TILE
-        lx = tid - ly * TILE
+        ly = tid // TILE_X
+        lx = tid - ly * TILE_X
         y = ty0 + ly
         x = tx0 + lx
         if y < height and x < width:
@@ -158,7 +161,7 @@ def kernel_filter_vla_shared(
                     generic = False
                     t0 = weight_offset[rr]
                     for dy in range(-rr, rr + 1):
-                        row = (ly + R_MAX + dy) * HALO + lx + R_MAX
+                        row = (ly + R_MAX + dy) * HALO_X + lx + R_MAX
                         for dx in range(-rr, rr + 1):
                             w = sh_w[wb + t0 + (dy + rr) * (2 * rr + 1) + dx + rr]
                             p = (row + dx) * C
@@ -167,7 +170,7 @@ def kernel_filter_vla_shared(
             if generic:
                 t = weight_offset[r]
                 for dy in range(-r, r + 1):
-                    row = (ly + R_MAX + dy) * HALO + lx + R_MAX
+                    row = (ly + R_MAX + dy) * HALO_X + lx + R_MAX
                     for dx in range(-r, r + 1):
                         w = sh_w[wb + t]
                         t += 1
