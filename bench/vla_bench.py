@@ -56,6 +56,18 @@ class PaddedArrays:
     def clear(self, i):
         self.count[i] = 0
 
+    @ti.func
+    def reduce(self, i, f: ti.template(), init):
+        # The same 16-wide unrolled loads as VLA.reduce, so the comparison is like for like.
+        n = self.length(i)
+        acc = init
+        for g in range(n >> 4):
+            for j in ti.static(range(16)):
+                acc = f(acc, self.data[i, g * 16 + j])
+        for k in range(n & ~15, n):
+            acc = f(acc, self.data[i, k])
+        return acc
+
     def reserved_bytes(self):
         return self.num_arrays * self.max_len * self.element_bytes + 4 * self.num_arrays
 
@@ -121,12 +133,34 @@ def k_read(s: ti.template(), out: ti.template()):
         out[i] = acc
 
 
+@ti.func
+def _add(a, b):
+    return a + b
+
+
 @ti.kernel
-def k_read_flat(v: ti.template(), total: ti.template()):
-    for e in range(v.flat_size()):
-        i, k = v.flat_index(e)
-        if i >= 0:
-            total[None] += ti.cast(v.flat_value(e), ti.i64)
+def k_read_reduce(s: ti.template(), out: ti.template()):
+    for i in range(s.num_arrays):
+        out[i] = s.reduce(i, _add, 0)
+
+
+FLAT_THREADS = 1 << 18
+
+
+@ti.kernel
+def k_read_flat(v: ti.template(), partial: ti.template()):
+    # Each thread strides over the storage slots (neighbouring threads, neighbouring slots) and keeps
+    # its own sum: coalesced loads, one store per thread, no atomics.
+    for g in range(FLAT_THREADS):
+        acc = ti.i64(0)
+        e = g
+        n = v.flat_size()
+        while e < n:
+            i, k = v.flat_index(e)
+            if i >= 0:
+                acc += v.flat_value(e)
+            e += FLAT_THREADS
+        partial[g] = acc
 
 
 @ti.kernel
@@ -238,18 +272,17 @@ def bench_distribution(dist, n, rng, repeats, reuse=True):
         row["fill_ms"] = time_ms(refill, repeats=repeats)
         row["read_ms"] = time_ms(lambda s=s: k_read(s, out), repeats=repeats)
         check(name)
+        if hasattr(s, "reduce"):
+            row["reduce_ms"] = time_ms(lambda s=s: k_read_reduce(s, out), repeats=repeats)
+            check(name + " reduce")
         if isinstance(s, VLA):
             st = s.stats()
             reserved = st["reserved_bytes"]
             row["element_reserved_MB"] = st["element_reserved_bytes"] / 1e6
             row["grow_events"] = st["grow_events"]
-            total = ti.field(ti.i64, shape=())
-
-            def flat(s=s):
-                total[None] = 0
-                k_read_flat(s, total)
-            row["flat_read_ms"] = time_ms(flat, repeats=repeats)
-            if int(total[None]) != int(reference.astype(np.int64).sum()):
+            partial = ti.field(ti.i64, shape=FLAT_THREADS)
+            row["flat_read_ms"] = time_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
+            if int(partial.to_numpy().sum()) != int(reference.astype(np.int64).sum()):
                 raise AssertionError(f"{dist}: {name} flat read sum differs")
             row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
             if reuse and dist != "uniform1024":
@@ -270,6 +303,8 @@ def bench_distribution(dist, n, rng, repeats, reuse=True):
         for b in ("padded", "dynamic"):
             for op in ("fill", "read"):
                 r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
+        if "reduce_ms" in r:
+            r["reduce_x_padded"] = base["padded"]["reduce_ms"] / r["reduce_ms"]
         r["mem_vs_padded"] = r["reserved_MB"] / base["padded"]["reserved_MB"]
     return rows, tuned
 
@@ -284,8 +319,10 @@ def copy_bandwidth_GBps(repeats, small):
 
 COLUMNS = [
     ("dist", "dist", "{}"), ("store", "store", "{}"), ("arrays", "lists", "{:,}"), ("elements", "elements", "{:,}"),
-    ("fill_ms", "clear+refill ms", "{:.3f}"), ("read_ms", "read-all ms", "{:.3f}"),
+    ("fill_ms", "clear+refill ms", "{:.3f}"), ("read_ms", "read-all (get loop) ms", "{:.3f}"),
+    ("reduce_ms", "read-all (reduce) ms", "{:.3f}"), ("reduce_x_padded", "reduce x padded", "{:.2f}"),
     ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
+    ("flat_read_pct_copy_bw", "flat % copy BW", "{:.0f}"),
     ("fill_x_padded", "fill x padded", "{:.2f}"), ("read_x_padded", "read x padded", "{:.2f}"),
     ("fill_x_dynamic", "fill x dynamic", "{:.1f}"), ("read_x_dynamic", "read x dynamic", "{:.1f}"),
     ("live_MB", "live MB", "{:.1f}"), ("reserved_MB", "reserved MB", "{:.1f}"),

@@ -74,6 +74,28 @@ def k_flat_sum(v: ti.template(), out: _i32_nd):
             ti.atomic_add(out[i], v.flat_value(e) + 0 * k)
 
 
+@ti.func
+def _poly(acc, x):
+    return acc * 3 + x  # order-sensitive, so a wrong visiting order is caught
+
+
+@ti.kernel
+def k_reduce(v: ti.template(), out: ti.types.ndarray(dtype=ti.i64, ndim=1)):
+    for i in range(v.num_arrays):
+        out[i] = v.reduce(i, _poly, ti.i64(0))
+
+
+@ti.func
+def _record(ctx, i, k, x):
+    ctx[i, k] = x
+
+
+@ti.kernel
+def k_for_each(v: ti.template(), dense: ti.template()):
+    for i in range(v.num_arrays):
+        v.for_each(i, _record, dense)
+
+
 @ti.kernel
 def k_inline_first(v: ti.template(), out: _i32_nd):
     for i in range(v.num_arrays):
@@ -169,6 +191,33 @@ def test_csr_roundtrip_lists_and_read_paths():
     k_inline_first(v, first)
     expect_first = np.array([values[offsets[i]] if lens[i] else 0 for i in range(50)])
     np.testing.assert_array_equal(first.to_numpy(), expect_first)
+
+
+@pytest.mark.parametrize("ic,cs", [(0, 1), (3, 4), (2, 32)])
+def test_reduce_and_for_each_visit_in_order(ic, cs):
+    rng = np.random.default_rng(ic + cs)
+    lens = rng.integers(0, 90, size=20)
+    lens[0], lens[1] = 0, 89
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    values = rng.integers(-3, 4, size=offsets[-1]).astype(np.int32)
+    v = VLA(20, ti.i32, inline_capacity=ic, chunk_size=cs, name=f"red{ic}{cs}")
+    v.from_csr(offsets, values)
+    out = ti.ndarray(ti.i64, shape=20)
+    k_reduce(v, out)
+    expect = []
+    for i in range(20):
+        acc = 0
+        for x in values[offsets[i]:offsets[i + 1]]:
+            acc = acc * 3 + int(x)
+        expect.append(((acc + 2**63) % 2**64) - 2**63)  # i64 wrap-around, as on the device
+    assert out.to_numpy().tolist() == expect
+    dense = ti.field(ti.i32, shape=(20, 90))
+    dense.fill(-99)
+    k_for_each(v, dense)
+    d = dense.to_numpy()
+    for i in range(20):
+        assert d[i, :lens[i]].tolist() == values[offsets[i]:offsets[i + 1]].tolist()
+        assert (d[i, lens[i]:] == -99).all()
 
 
 def test_vector_elements():

@@ -272,11 +272,11 @@ class VLA:
         reserve: ``None``; an int, pool elements to pre-allocate (assigned to lists as they need
             them); or an array of ``num_arrays`` expected lengths, pre-assigned to each list.
         overflow_capacity: elements the overflow area holds before commit must grow it
-            (default ``max(1024, num_arrays // 8)``); it grows on demand.
+            (default ``max(1024, num_arrays // 64)``); it grows on demand.
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`clear`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`get_inline`.
+    :meth:`clear`, :meth:`reduce`, :meth:`for_each`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`get_inline`.
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
@@ -304,6 +304,7 @@ class VLA:
         self.inline_capacity = int(inline_capacity)
         self.chunk_size = int(chunk_size)
         self._chunk_shift = int(chunk_size).bit_length() - 1
+        self._unroll = min(self.chunk_size, 16)  # element loads unrolled per step in reduce()
         self._leaves = _leaves(dtype)
         self.element_bytes = element_bytes(dtype)
         self._debug = bool(impl.current_cfg().debug)
@@ -353,7 +354,7 @@ class VLA:
         self._caps["pool_chunks"] = pool_chunks
         self._alloc("chunk_table", ti.i32, pool_chunks)
         self._alloc("table_owner", ti.i32, pool_chunks)
-        ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 8)
+        ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
         self._alloc("ovf_value", dtype, ovf)
         self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
@@ -369,14 +370,18 @@ class VLA:
     def append(self, i, x):
         """Append x to list i (thread-safe). Returns x's index in list i."""
         assert i >= 0 and i < self.num_arrays, "VLA.append: list index out of range"
+        # The chunk-table bounds are loaded before the atomic so their latency overlaps the atomic's:
+        # on a GPU a thread appending many elements is bound by this dependency chain, not bandwidth.
+        t_begin = self.table_start[i]
+        t_end = self.table_start[i + 1]
         slot = ti.atomic_add(self.length_field[i], 1)
         if ti.static(self.inline_capacity > 0):
             if slot < self.inline_capacity:
                 self.inline[slot, i] = x
             else:
-                self._store_new(i, slot, x)
+                self._store_new(i, slot, x, t_begin, t_end)
         else:
-            self._store_new(i, slot, x)
+            self._store_new(i, slot, x, t_begin, t_end)
         return slot
 
     @ti.func
@@ -403,6 +408,49 @@ class VLA:
         """Fast path for callers that know k < inline_capacity statically: no branch, no table."""
         ti.static_assert(self.inline_capacity > 0, "VLA.get_inline needs inline_capacity > 0")
         return self.inline[k, i]
+
+    @ti.func
+    def reduce(self, i, f: ti.template(), init):
+        """Fold ``acc = f(acc, x)`` over list i in order, and return acc.
+
+        Walks the list chunk by chunk: one table load per chunk, then the chunk's element loads are
+        unrolled so they are all in flight at once. Much faster than a get() loop for long lists.
+        """
+        n = self.length_field[i]
+        acc = init
+        for k in ti.static(range(self.inline_capacity)):
+            if k < n:
+                acc = f(acc, self.inline[k, i])
+        rem = n - self.inline_capacity
+        if rem > 0:
+            t0 = self.table_start[i]
+            for c in range((rem + self.chunk_size - 1) >> self._chunk_shift):
+                base = self.chunk_table[t0 + c] << self._chunk_shift
+                m = rem - (c << self._chunk_shift)
+                if m >= self.chunk_size:
+                    for g in range(self.chunk_size // self._unroll):
+                        for j in ti.static(range(self._unroll)):
+                            acc = f(acc, self.pool[base + g * self._unroll + j])
+                else:
+                    for j in range(m):
+                        acc = f(acc, self.pool[base + j])
+        return acc
+
+    @ti.func
+    def for_each(self, i, f: ti.template(), ctx: ti.template()):
+        """Call ``f(ctx, i, k, x)`` for every element x = list i's k-th, chunk-wise like reduce()."""
+        n = self.length_field[i]
+        for k in ti.static(range(self.inline_capacity)):
+            if k < n:
+                f(ctx, i, k, self.inline[k, i])
+        rem = n - self.inline_capacity
+        if rem > 0:
+            t0 = self.table_start[i]
+            for c in range((rem + self.chunk_size - 1) >> self._chunk_shift):
+                base = self.chunk_table[t0 + c] << self._chunk_shift
+                k0 = self.inline_capacity + (c << self._chunk_shift)
+                for j in range(ti.min(self.chunk_size, n - k0)):
+                    f(ctx, i, k0 + j, self.pool[base + j])
 
     @ti.func
     def set(self, i, k, x):
@@ -491,10 +539,10 @@ class VLA:
         self.pool[self._pool_addr(i, slot)] = x
 
     @ti.func
-    def _store_new(self, i, slot, x):
+    def _store_new(self, i, slot, x, t_begin, t_end):
         p = slot - self.inline_capacity
-        t = self.table_start[i] + (p >> self._chunk_shift)
-        if t < self.table_start[i + 1]:
+        t = t_begin + (p >> self._chunk_shift)
+        if t < t_end:
             self.pool[(self.chunk_table[t] << self._chunk_shift) + (p & (self.chunk_size - 1))] = x
         else:
             # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
