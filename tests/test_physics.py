@@ -1,0 +1,226 @@
+"""Physics acceptance tests: every assertion compares against an analytic or discrete reference.
+
+One Taichi runtime and one Simulation (capacity 64, default `vla` contact storage) for the whole module:
+each test loads its own scene into it with Simulation.load, which refills the fields without
+recompiling a kernel. Tolerances are module constants with the reason next to each.
+"""
+import math
+
+import numpy as np
+import pytest
+
+ti = pytest.importorskip("taichi")
+
+from app.scene import scene_from_dict  # noqa: E402
+
+CAPACITY = 64
+G = 9.81
+DT = 0.002
+
+# Free fall: f32 positions accumulate one rounding of ~6e-8 relative per step; 500 steps at |x| <= 5 m
+# bound the drift by 500 * 6e-8 * 5 m = 1.5e-4 m. 3e-4 m is twice that bound.
+FREE_FALL_TOL_M = 3e-4
+# Resting: the issue's limit, penetration below 1% of the radius (half extent for the box).
+REST_PENETRATION_FRACTION = 0.01
+# Bounce: the issue's limits; the peak may differ from e^2 h by 0.03 m (the impact happens inside a step,
+# up to v dt = 9 mm deep, and the split impulse pushes out without adding energy) and may exceed it by at
+# most 0.02 m (energy from nowhere).
+BOUNCE_TOL_M = 0.03
+BOUNCE_ABOVE_TOL_M = 0.02
+# Momentum: the issue's 1e-4, relative to the initial momentum magnitude (f32 arithmetic).
+MOMENTUM_REL_TOL = 1e-4
+# Elastic head-on: outgoing velocities within 1e-3 relative of the 1-D elastic formula (one Jacobi
+# iteration solves a two-body contact exactly; what remains is f32 rounding and the step-discrete impact).
+ELASTIC_VEL_REL_TOL = 1e-3
+# Friction ramp: the issue's limits. Static cells (angle < atan(mu) - 2 deg) creep < 2 cm; sliding cells
+# (angle > atan(mu) + 2 deg) slide >= 2 cm in RAMP_SECONDS. No cell of the grid lies within 2 deg of atan(mu).
+RAMP_STATIC_MAX_M = 0.02
+RAMP_SLIDING_MIN_M = 0.02
+RAMP_SECONDS = 0.6
+# Stopping distance v0^2 / (2 mu g): the issue's 2%. The discrete integrator alone is short by v0 dt / 2
+# (0.3 cm of 92 cm); the rest is solver convergence of friction against the split normal load.
+STOP_REL_TOL = 0.02
+# Stacks: the issue's 5 cm for the top box of a 5-box stack over 5 s; the pyramid "stands" when no box
+# moved more than PYRAMID_MAX_MOVE_M = 4% of a box size (a fallen or slid box moves ~0.5 m; the measured
+# sinking from the per-level slop is about 5 mm).
+STACK_TOP_MAX_M = 0.05
+PYRAMID_MAX_MOVE_M = 0.02
+
+
+@pytest.fixture(scope="module")
+def sim():
+    ti.init(arch=ti.cpu, log_level=ti.WARN)
+    from app.sim import Simulation
+
+    s = Simulation(scene_from_dict(_scene([_sphere(0.5, [0, 5, 0])])), capacity=CAPACITY, verbose=True)
+    yield s
+
+
+def _scene(bodies, statics=(), materials=None, gravity=(0, -G, 0), **sim):
+    mats = materials or {"m": {"density": 1000, "friction": 0.5, "restitution": 0.0}}
+    return {"name": "test", "sim": {"dt": DT, "substeps": 1, "gravity": list(gravity), **sim},
+            "materials": mats, "static": list(statics), "bodies": list(bodies)}
+
+
+def _sphere(r, pos, mat="m", **kw):
+    return {"shape": "sphere", "radius": r, "position": list(pos), "material": mat, **kw}
+
+
+def _box(h, pos, mat="m", **kw):
+    return {"shape": "box", "half_extents": list(h), "position": list(pos), "material": mat, **kw}
+
+
+FLOOR = {"type": "plane", "normal": [0, 1, 0], "offset": 0.0, "material": "m"}
+
+
+def _run(sim, seconds):
+    for _ in range(int(round(seconds / sim.dt))):
+        sim.step()
+    sim.check()
+
+
+# ----------------------------------------------------------------------------------------------------
+def test_free_fall_matches_discrete_integrator(sim):
+    v0 = np.array([1.0, 2.0, -0.5])
+    w0 = [0.0, 3.0, 0.0]  # spin about a principal axis: constant angular velocity, no torque
+    sim.load(scene_from_dict(_scene([_sphere(0.2, [0, 10, 0], velocity=v0.tolist()),
+                                     _box([0.1, 0.2, 0.3], [5, 10, 0], velocity=v0.tolist(), angular_velocity=w0)])))
+    steps = 500
+    x = np.array([[0, 10, 0], [5, 10, 0]], np.float64)
+    v = np.array([v0, v0], np.float64)
+    g = np.array([0, -G, 0])
+    for _ in range(steps):  # the integrator's own scheme: v += g dt; x += v dt
+        v = v + g * DT
+        x = x + v * DT
+    _run(sim, steps * DT)
+    assert np.abs(sim.positions() - x).max() < FREE_FALL_TOL_M
+    assert np.abs(sim.velocities() - v).max() < 1e-4
+    assert np.allclose(sim.angular_velocities()[1], w0, atol=1e-5)
+    assert abs(np.linalg.norm(sim.orientations()[1]) - 1) < 1e-5
+    # the box turned by |w| t about y
+    q = sim.orientations()[1]
+    angle = 2 * math.atan2(np.linalg.norm(q[1:]), q[0])
+    assert abs(angle - 3.0 * steps * DT) < 1e-3
+
+
+def test_sphere_and_box_rest_on_plane(sim):
+    r, h = 0.5, 0.5
+    sim.load(scene_from_dict(_scene([_sphere(r, [0, r, 0]), _box([h, h, h], [3, h, 0])], [FLOOR])))
+    worst = [0.0, 0.0]
+    for _ in range(4):
+        _run(sim, 0.5)
+        p = sim.positions()
+        worst = [max(worst[0], r - p[0, 1]), max(worst[1], h - p[1, 1])]
+    assert worst[0] < REST_PENETRATION_FRACTION * r, worst
+    assert worst[1] < REST_PENETRATION_FRACTION * h, worst
+    assert np.abs(sim.velocities()).max() < 1e-2
+    assert np.abs(sim.positions()[:, [0, 2]] - [[0, 0], [3, 0]]).max() < 1e-3
+
+
+@pytest.mark.parametrize("e", [0.0, 0.5, 0.9])
+def test_bounce_height_follows_restitution(sim, e):
+    r, drop = 0.1, 1.0
+    mats = {"ball": {"density": 1000, "friction": 0.3, "restitution": e},
+            "m": {"density": 1000, "friction": 0.3, "restitution": 0.0}}
+    sim.load(scene_from_dict(_scene([_sphere(r, [0, r + drop, 0], mat="ball")], [FLOOR], materials=mats)))
+    peak, hit = 0.0, False
+    for _ in range(int(1.2 / DT)):
+        sim.step()
+        y = float(sim.positions()[0, 1]) - r
+        vy = float(sim.velocities()[0, 1])
+        if not hit and y < 0.05 and vy >= 0:
+            hit = True
+        if hit:
+            peak = max(peak, y)
+            if vy < 0 and y < peak - 0.05:
+                break
+    sim.check()
+    assert hit
+    expected = e * e * drop
+    assert abs(peak - expected) <= BOUNCE_TOL_M, (e, peak, expected)
+    assert peak - expected <= BOUNCE_ABOVE_TOL_M, (e, peak, expected)
+
+
+def test_head_on_elastic_collision(sim):
+    mats = {"m": {"density": 1000, "friction": 0.0, "restitution": 1.0}}
+    ra, rb = 0.3, 0.2
+    va, vb = 2.0, -1.0
+    sim.load(scene_from_dict(_scene([_sphere(ra, [0, 0, 0], velocity=[va, 0, 0]),
+                                     _sphere(rb, [1.0, 0, 0], velocity=[vb, 0, 0])], materials=mats,
+                                    gravity=(0, 0, 0))))
+    m = sim.shapes()["mass"].astype(np.float64)
+    p0 = m[0] * va + m[1] * vb
+    _run(sim, 0.6)
+    v = sim.velocities().astype(np.float64)
+    assert v[0, 0] < v[1, 0], "they collided and separate"
+    p1 = m @ v
+    assert abs(p1[0] - p0) <= MOMENTUM_REL_TOL * abs(m[0] * va) and np.abs(p1[1:]).max() < 1e-6
+    ua = ((m[0] - m[1]) * va + 2 * m[1] * vb) / (m[0] + m[1])
+    ub = ((m[1] - m[0]) * vb + 2 * m[0] * va) / (m[0] + m[1])
+    assert abs(v[0, 0] - ua) <= ELASTIC_VEL_REL_TOL * abs(va) and abs(v[1, 0] - ub) <= ELASTIC_VEL_REL_TOL * abs(va)
+
+
+MUS = [0.1, 0.3, 0.5, 0.7, 1.0]
+ANGLES = [3, 10, 20, 30, 40]
+
+
+@pytest.mark.parametrize("angle", ANGLES)
+def test_friction_ramp_static_vs_sliding(sim, angle):
+    th = math.radians(angle)
+    n = [math.sin(th), math.cos(th), 0.0]  # the surface descends towards +x
+    q = [math.cos(-th / 2), 0.0, 0.0, math.sin(-th / 2)]  # box y axis along the ramp normal
+    h = 0.25
+    # pair friction is sqrt(mu_box * mu_ramp): with mu_ramp = 1 a box of mu^2 gives exactly mu
+    mats = {"ramp": {"density": 1000, "friction": 1.0, "restitution": 0.0}}
+    bodies = []
+    for k, mu in enumerate(MUS):
+        mats[f"b{k}"] = {"density": 1000, "friction": mu * mu, "restitution": 0.0}
+        bodies.append(_box([h, h, h], [n[0] * h, n[1] * h, 1.5 * k], mat=f"b{k}", orientation=q))
+    ramp = {"type": "plane", "normal": n, "offset": 0.0, "material": "ramp"}
+    sim.load(scene_from_dict(_scene(bodies, [ramp], materials=mats)))
+    x0 = sim.positions().copy()
+    _run(sim, RAMP_SECONDS)
+    moved = np.linalg.norm(sim.positions() - x0, axis=1)
+    for k, mu in enumerate(MUS):
+        limit = math.degrees(math.atan(mu))
+        if angle < limit - 2:
+            assert moved[k] < RAMP_STATIC_MAX_M, (angle, mu, moved[k])
+        elif angle > limit + 2:
+            assert moved[k] >= RAMP_SLIDING_MIN_M, (angle, mu, moved[k])
+        else:  # pragma: no cover - the grid has no such cell
+            pytest.fail(f"cell ({angle} deg, mu {mu}) within 2 deg of atan(mu) is not classified")
+
+
+@pytest.mark.parametrize("mu,v0", [(0.5, 3.0), (0.3, 2.0)])
+def test_stopping_distance(sim, mu, v0):
+    h = 0.25
+    mats = {"m": {"density": 1000, "friction": 1.0, "restitution": 0.0},
+            "b": {"density": 1000, "friction": mu * mu, "restitution": 0.0}}
+    sim.load(scene_from_dict(_scene([_box([h, h, h], [0, h, 0], mat="b", velocity=[v0, 0, 0])], [FLOOR],
+                                    materials=mats)))
+    _run(sim, v0 / (mu * G) + 0.3)
+    d = float(sim.positions()[0, 0])
+    expected = v0 * v0 / (2 * mu * G)
+    assert abs(sim.velocities()[0, 0]) < 1e-3
+    assert abs(d - expected) <= STOP_REL_TOL * expected, (d, expected)
+
+
+def test_five_box_stack_stands(sim):
+    h = 0.5
+    sim.load(scene_from_dict(_scene([{"generate": "stack", "shape": "box", "half_extents": [h, h, h], "count": 5,
+                                      "origin": [0, 0, 0], "material": "m"}], [FLOOR])))
+    x0 = sim.positions().copy()
+    _run(sim, 5.0)
+    moved = np.linalg.norm(sim.positions() - x0, axis=1)
+    assert moved[-1] < STACK_TOP_MAX_M, moved
+
+
+def test_ten_level_pyramid_stands(sim):
+    h = 0.25
+    sim.load(scene_from_dict(_scene([{"generate": "pyramid", "shape": "box", "half_extents": [h, h, h],
+                                      "levels": 10, "origin": [0, 0, 0], "gap": 0.01, "material": "m"}], [FLOOR])))
+    assert sim.body_count == 55
+    x0 = sim.positions().copy()
+    _run(sim, 5.0)
+    moved = np.linalg.norm(sim.positions() - x0, axis=1)
+    assert moved.max() < PYRAMID_MAX_MOVE_M, (moved.max(), int(moved.argmax()))
