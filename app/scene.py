@@ -297,6 +297,7 @@ class _Bodies:
     def __init__(self):
         self.rows = {k: [] for k in ("shape", "radius", "half_extents", "position", "orientation", "velocity",
                                      "angular_velocity", "material", "fixed")}
+        self.blocks = []
 
     def add(self, shape, radius, half, pos, quat, vel, omega, mat, fixed):
         r = self.rows
@@ -310,20 +311,33 @@ class _Bodies:
         r["material"].append(mat)
         r["fixed"].append(fixed)
 
-    def arrays(self):
+    def add_many(self, shape, radius, half, pos, quat, vel, omega, mat, fixed):
+        """Append a block of rows (numpy arrays); keeps scene order."""
+        self._flush()
+        self.blocks.append({"shape": shape, "radius": radius, "half_extents": half, "position": pos,
+                            "orientation": quat, "velocity": vel, "angular_velocity": omega, "material": mat,
+                            "fixed": fixed})
+
+    _WIDTH = {"half_extents": 3, "position": 3, "orientation": 4, "velocity": 3, "angular_velocity": 3}
+    _DTYPE = {"shape": np.int32, "material": np.int32, "fixed": bool}
+
+    def _flush(self):
         r = self.rows
         n = len(r["shape"])
-        return {
-            "shape": np.asarray(r["shape"], np.int32).reshape(n),
-            "radius": np.asarray(r["radius"], np.float64).reshape(n),
-            "half_extents": np.asarray(r["half_extents"], np.float64).reshape(n, 3),
-            "position": np.asarray(r["position"], np.float64).reshape(n, 3),
-            "orientation": np.asarray(r["orientation"], np.float64).reshape(n, 4),
-            "velocity": np.asarray(r["velocity"], np.float64).reshape(n, 3),
-            "angular_velocity": np.asarray(r["angular_velocity"], np.float64).reshape(n, 3),
-            "material": np.asarray(r["material"], np.int32).reshape(n),
-            "fixed": np.asarray(r["fixed"], bool).reshape(n),
-        }
+        if n:
+            self.blocks.append({k: np.asarray(v, self._DTYPE.get(k, np.float64)).reshape(
+                (n, self._WIDTH[k]) if k in self._WIDTH else (n,)) for k, v in r.items()})
+            for v in r.values():
+                v.clear()
+
+    def arrays(self):
+        self._flush()
+        out = {}
+        for k in self.rows:
+            shape = (0, self._WIDTH[k]) if k in self._WIDTH else (0,)
+            parts = [np.asarray(b[k], self._DTYPE.get(k, np.float64)) for b in self.blocks]
+            out[k] = np.concatenate(parts, 0) if parts else np.zeros(shape, self._DTYPE.get(k, np.float64))
+        return out
 
 
 def _random_quat(rng):
@@ -519,20 +533,24 @@ def _expand_generator(ctx, key, g, acc, material_index, rng):
             ctx.fail(f"{key}.count", f"at most {slots} bodies (the region [min, max] holds {slots} "
                                      f"non-overlapping slots of {cell:.4g} m)", count)
         pick = rng.choice(slots, size=count, replace=False) if slots > count else rng.permutation(slots)
-        pick.sort()  # fill from the bottom up (y is the middle index below)
-        for s in pick:
-            ix = s % dims[0]
-            iz = (s // dims[0]) % dims[2]
-            iy = s // (dims[0] * dims[2])
-            p = lo + (np.array([ix, iy, iz]) + 0.5) * cell
-            scale = 1.0 - sj * rng.random()
-            m = mats[int(rng.integers(len(mats)))]
-            q = _random_quat(rng) if rand_orient else ident
-            if rng.random() < box_fraction:
-                hh = [x * scale for x in h]
-                acc.add(SHAPE_BOX, float(np.linalg.norm(hh)), hh, p.tolist(), q, vel, omega, m, fixed)
-            else:
-                acc.add(SHAPE_SPHERE, r * scale, [r * scale] * 3, p.tolist(), q, vel, omega, m, fixed)
+        pick.sort()  # fill from the bottom up (y is the slowest index below)
+        ix = pick % dims[0]
+        iz = (pick // dims[0]) % dims[2]
+        iy = pick // (dims[0] * dims[2])
+        pos = lo + (np.stack([ix, iy, iz], 1) + 0.5) * cell
+        scale = 1.0 - sj * rng.random(count)
+        mat = np.asarray(mats, np.int32)[rng.integers(len(mats), size=count)]
+        if rand_orient:
+            q = rng.normal(size=(count, 4))
+            q /= np.linalg.norm(q, axis=1, keepdims=True)
+        else:
+            q = np.tile(ident, (count, 1))
+        is_box = rng.random(count) < box_fraction
+        half = np.where(is_box[:, None], np.asarray(h if h is not None else [1, 1, 1], np.float64)[None] * scale[:, None],
+                        (r or 1.0) * scale[:, None] * np.ones((1, 3)))
+        radius = np.where(is_box, np.linalg.norm(half, axis=1), (r or 1.0) * scale)
+        acc.add_many(np.where(is_box, SHAPE_BOX, SHAPE_SPHERE), radius, half, pos, q,
+                     np.tile(vel, (count, 1)), np.tile(omega, (count, 1)), mat, np.full(count, fixed))
         return
 
     shape, r, h = _shape_size(ctx, key, g)

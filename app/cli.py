@@ -1,0 +1,67 @@
+"""`python run.py [SCENE] [--headless] --frames N [--arch auto|cpu|cuda] [--out DIR] [--record] [--set k=v ...]`
+
+With --headless: app.headless.run_headless, outputs in --out (default out/<scene file stem>).
+Without: the interactive viewer, app.viewer.main_interactive(args) (imported only then, so headless runs
+never load GGUI). `args` is the argparse namespace: scene, headless, frames, arch, out, record, set.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from app.errors import UserError
+
+DEFAULT_SCENE = os.path.join("scenes", "default.yaml")
+DEFAULT_FRAMES = 240
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 2, no traceback (as every UserError)
+        raise UserError(f"{message} (usage: python run.py [SCENE] [--headless] --frames N [--arch auto|cpu|cuda] "
+                        f"[--out DIR] [--record] [--set key.path=value ...])")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="run.py", description="SmolVLA rigid-body simulator")
+    p.add_argument("scene", nargs="?", default=DEFAULT_SCENE, help="scene YAML (default scenes/default.yaml)")
+    p.add_argument("--headless", action="store_true", help="run without a window and write results to --out")
+    p.add_argument("--frames", type=int, default=None, help=f"frames to simulate (default {DEFAULT_FRAMES} headless)")
+    p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto takes CUDA where it exists (default), else CPU")
+    p.add_argument("--out", default=None, help="output directory (default out/<scene file stem>)")
+    p.add_argument("--record", action="store_true", help="also write trajectory.npz (every frame's poses)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a scene value, e.g. --set sim.seed=3 --set materials.steel.friction=0.4")
+    return p
+
+
+def default_out_dir(scene_path: str) -> str:
+    return os.path.join("out", os.path.splitext(os.path.basename(scene_path))[0])
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.frames is not None and args.frames < 1:
+        raise UserError(f"--frames: expected an integer >= 1, got {args.frames}")
+    if args.headless:
+        from app.headless import run_headless
+
+        out = args.out or default_out_dir(args.scene)
+        m = run_headless(args.scene, args.frames or DEFAULT_FRAMES, out, arch=args.arch, record=args.record,
+                         overrides=tuple(args.set), progress=True)
+        print(f"{m['scene']}: {m['bodies']} bodies, {m['steps']} steps in {m['wall_time']:.2f} s "
+              f"({m['steps_per_second']:.1f} steps/s, {m['arch']}); contacts final {m['contacts']['final']}, "
+              f"max penetration {m['max_penetration'] * 1000:.2f} mm; wrote {out}/")
+        return 0
+    try:
+        import importlib
+
+        viewer = importlib.import_module("app.viewer")
+    except ModuleNotFoundError as e:
+        if e.name != "app.viewer":
+            raise
+        print("the interactive viewer (app/viewer.py) is not available in this build; use --headless",
+              file=sys.stderr)
+        return 2
+    return int(viewer.main_interactive(args) or 0)

@@ -1,0 +1,183 @@
+"""Headless runs: load a scene, simulate N frames, write metrics.json, state.npz and (optionally)
+trajectory.npz.
+
+    run_headless("scenes/bounce.yaml", frames=120, out_dir="out/bounce", record=True)
+
+Output files (bodies in scene order):
+    metrics.json   scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time,
+                   steps_per_second, contacts {max, mean, final} (contact points after each frame's last
+                   step; a pair contact counts once), max_penetration (m, deepest contact of the run),
+                   final_max_penetration (m, deepest in the last frame), kinetic_energy (J, one per frame),
+                   contact_storage, vla {contacts: storage stats, grid: cell-list stats}, overflow_events,
+                   overflow_total, overrides.
+    state.npz      position (N,3) m, orientation (N,4) w,x,y,z, linear_velocity (N,3) m/s,
+                   angular_velocity (N,3) rad/s, shape (N,) 0 sphere / 1 box, radius (N,) m (boxes: bounding
+                   radius), half_extents (N,3) m, material (N,), fixed (N,), mass (N,) kg.
+    trajectory.npz time (F,) s, position (F,N,3), orientation (F,N,4); with record=True.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from app.errors import UserError
+from app.scene import load_scene
+
+# Simulations kept alive per contact storage, so repeated runs in one process (tests, batches) reuse the
+# compiled kernels: Simulation.load refills fields when the capacity suffices.
+_SIM_CACHE: dict = {}
+
+
+def _taichi_prog():
+    from taichi.lang import impl
+
+    return impl.get_runtime().prog
+
+
+def ensure_taichi(arch: str = "auto", verbose=True) -> str:
+    """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
+    'cuda'). auto takes CUDA where it exists and says which it took on stderr."""
+    import taichi as ti
+    from taichi.lang import impl
+
+    if arch not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--arch: expected auto | cpu | cuda, got {arch!r}")
+    if _taichi_prog() is None:
+        if arch == "cpu":
+            ti.init(arch=ti.cpu, log_level=ti.WARN)
+        else:
+            ti.init(arch=ti.cuda, log_level=ti.ERROR)  # falls back to CPU when there is no CUDA device
+    used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
+    if arch == "cuda" and used != "cuda":
+        raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")
+    if verbose:
+        why = " (no CUDA device found)" if arch == "auto" and used == "cpu" else ""
+        print(f"arch: {used}{why}", file=sys.stderr)
+    return used
+
+
+def get_simulation(scene, verbose=True):
+    """A Simulation for `scene`, reusing a cached one (same storage, same Taichi runtime) when it fits."""
+    from app.sim import Simulation
+
+    kind = scene.sim["contacts"]
+    prog = _taichi_prog()
+    cached = _SIM_CACHE.get(kind)
+    if cached is not None and cached[0] is prog:
+        sim = cached[1]
+        sim.verbose = verbose
+        sim.load(scene)  # reallocates by itself when the scene does not fit
+        return sim
+    sim = Simulation(scene, verbose=verbose)
+    _SIM_CACHE[kind] = (prog, sim)
+    return sim
+
+
+def _progress(frames, enabled):
+    if not enabled or frames < 20:
+        return None
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        p = Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} frames"),
+                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        return p
+    except ImportError:  # rich comes with taichi; stay quiet without it
+        return None
+
+
+def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrides=(), progress=True) -> dict:
+    """Run `frames` frames of a scene without a viewer and write the outputs into out_dir (see module
+    docstring). Returns the metrics dict. Bad input raises UserError (exit 2); an explosion raises
+    app.sim.SimulationError (exit 1) after writing what it has."""
+    if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or frames < 1:
+        raise UserError(f"--frames: expected an integer >= 1, got {frames!r}")
+    scene = load_scene(scene_path, overrides)
+    want = arch if arch not in (None, "auto") else scene.sim["arch"]
+    used = ensure_taichi(want, verbose=progress)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out_dir}: cannot create the output directory ({e.strerror})") from None
+
+    import taichi as ti
+
+    from app.sim import SimulationError
+
+    sim = get_simulation(scene, verbose=True)
+    n = sim.body_count
+    energies, contacts, traj_t, traj_p, traj_q = [], [], [], [], []
+    max_pen = 0.0
+    final_pen = 0.0
+    error = None
+    bar = _progress(frames, progress)
+    task = bar.add_task("sim", total=frames) if bar else None
+    if bar:
+        bar.start()
+    t0 = time.perf_counter()
+    try:
+        for f in range(frames):
+            sim.contacts.max_depth[None] = 0.0
+            sim.step_frame()
+            final_pen = float(sim.contacts.max_depth[None])
+            max_pen = max(max_pen, final_pen)
+            contacts.append(int(sim.contacts.contact_total[None]))
+            energies.append(sim.kinetic_energy())
+            if record:
+                traj_t.append(sim.sim_time)
+                traj_p.append(sim.positions().copy())
+                traj_q.append(sim.orientations().copy())
+            if bar:
+                bar.update(task, advance=1)
+    except SimulationError as e:
+        error = e
+    finally:
+        if bar:
+            bar.stop()
+    ti.sync()
+    wall = time.perf_counter() - t0
+    stats = sim.contacts.stats()
+    metrics = {
+        "scene": scene.name,
+        "scene_path": str(scene_path),
+        "arch": used,
+        "bodies": n,
+        "frames": len(contacts),
+        "steps": sim.step_count,
+        "dt": sim.dt,
+        "substeps": sim.substeps,
+        "solver_iterations": sim.solver_iterations,
+        "contact_storage": sim.contacts_kind,
+        "sim_time": sim.sim_time,
+        "wall_time": wall,
+        "steps_per_second": sim.step_count / wall if wall > 0 else 0.0,
+        "contacts": {"max": max(contacts) if contacts else 0,
+                     "mean": float(np.mean(contacts)) if contacts else 0.0,
+                     "final": contacts[-1] if contacts else 0},
+        "max_penetration": max_pen,
+        "final_max_penetration": final_pen,
+        "kinetic_energy": energies,
+        "vla": {"contacts": stats, "grid": sim.grid.stats()},
+        "overflow_events": sim.overflow_events,
+        "overflow_total": sim.contacts.overflowed(),
+        "overrides": list(overrides or ()),
+    }
+    if error is not None:
+        metrics["error"] = str(error)
+    with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
+        json.dump(metrics, fh, indent=1)
+    shapes = sim.shapes()
+    np.savez(os.path.join(out_dir, "state.npz"), position=sim.positions(), orientation=sim.orientations(),
+             linear_velocity=sim.velocities(), angular_velocity=sim.angular_velocities(), **shapes)
+    if record:
+        np.savez(os.path.join(out_dir, "trajectory.npz"), time=np.asarray(traj_t, np.float64),
+                 position=np.asarray(traj_p, np.float32).reshape(len(traj_t), n, 3),
+                 orientation=np.asarray(traj_q, np.float32).reshape(len(traj_t), n, 4))
+    if error is not None:
+        raise error
+    return metrics

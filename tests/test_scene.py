@@ -1,0 +1,181 @@
+"""Scene loading: strict validation (one clear message naming file, key path and expectation), overrides,
+generators. No Taichi here."""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from app.errors import UserError
+from app.scene import SHAPE_BOX, SHAPE_SPHERE, apply_overrides, load_scene, scene_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENES = sorted((ROOT / "scenes").glob("*.yaml"))
+
+
+def _base():
+    return {"name": "t", "materials": {"steel": {"density": 7800, "friction": 0.4, "restitution": 0.3}},
+            "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "steel"}],
+            "bodies": [{"shape": "sphere", "radius": 0.5, "position": [0, 1, 0], "material": "steel"}]}
+
+
+def _write(tmp_path, text, name="s.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _err(tmp_path, data_or_text):
+    text = data_or_text if isinstance(data_or_text, str) else yaml.safe_dump(data_or_text)
+    p = _write(tmp_path, text)
+    with pytest.raises(UserError) as ei:
+        load_scene(p)
+    msg = str(ei.value)
+    assert str(p) in msg, msg          # names the file
+    assert "\n" not in msg, msg         # one line
+    assert ei.value.exit_code == 2
+    return msg
+
+
+def test_all_shipped_scenes_validate():
+    names = {p.stem for p in SCENES}
+    assert {"default", "pyramid", "ramp", "cradle", "bounce", "pile_100k", "pile_1m"} <= names
+    counts = {p.stem: load_scene(p).body_count for p in SCENES if p.stem != "pile_1m"}
+    assert counts["pyramid"] == 55 and counts["pile_100k"] == 100_000 and 2000 <= counts["default"] <= 5000
+
+
+def test_pile_1m_expands_to_a_million_bodies():
+    s = load_scene(ROOT / "scenes" / "pile_1m.yaml")
+    assert s.body_count == 1_000_000
+    b = s.bodies
+    # the random generator places bodies on distinct lattice slots: no two centres closer than the slot
+    slot = 2 * max(0.05, float(np.linalg.norm([0.045, 0.04, 0.045]))) * 1.05
+    sample = b["position"][:20000]
+    d = np.linalg.norm(sample[1:] - sample[:-1], axis=1)
+    assert d.min() >= slot * 0.999
+    assert set(np.unique(b["shape"])) == {SHAPE_SPHERE, SHAPE_BOX}
+
+
+@pytest.mark.parametrize("mutate,key,expected", [
+    (lambda d: d.update(colour="red"), "colour", "unknown key"),
+    (lambda d: d["bodies"][0].update(radius=-1), "bodies[0].radius", "> 0"),
+    (lambda d: d["bodies"][0].update(radius=0), "bodies[0].radius", "> 0"),
+    (lambda d: d["bodies"][0].update(radius="big"), "bodies[0].radius", "a number"),
+    (lambda d: d["bodies"][0].update(radius=float("nan")), "bodies[0].radius", "finite"),
+    (lambda d: d["bodies"][0].update(material="gold"), "bodies[0].material", "steel"),
+    (lambda d: d["bodies"][0].update(shape="cone"), "bodies[0].shape", "sphere | box"),
+    (lambda d: d["materials"]["steel"].update(density=0), "materials.steel.density", "> 0"),
+    (lambda d: d["materials"]["steel"].update(density=-5), "materials.steel.density", "> 0"),
+    (lambda d: d["materials"]["steel"].update(restitution=1.5), "materials.steel.restitution", "<= 1"),
+    (lambda d: d.update(sim={"dt": "fast"}), "sim.dt", "a number"),
+    (lambda d: d.update(sim={"contacts": "linked"}), "sim.contacts", "vla | padded | dynamic"),
+    (lambda d: d.update(sim={"substeps": 2.5}), "sim.substeps", "an integer"),
+    (lambda d: d.update(sim={"gravity": [0, -9.81]}), "sim.gravity", "a list of 3"),
+    (lambda d: d.update(sim={"solverIterations": 3}), "sim.solverIterations", "unknown key"),
+    (lambda d: d["bodies"][0].pop("position"), "bodies[0].position", "required"),
+    (lambda d: d["bodies"].append({"shape": "box", "half_extents": [1, 0, 1], "position": [0, 0, 0],
+                                   "material": "steel"}), "bodies[1].half_extents[1]", "> 0"),
+    (lambda d: d["static"].append({"type": "wall"}), "static[1].type", "plane | container"),
+    (lambda d: d["static"][0].update(normal=[0, 0, 0]), "static[0].normal", "non-zero"),
+    (lambda d: d["bodies"].append({"generate": "spiral", "shape": "sphere"}), "bodies[1].generate", "grid"),
+    (lambda d: d["bodies"].append({"generate": "grid", "shape": "sphere", "radius": 0.1, "count": [2, 2],
+                                   "material": "steel"}), "bodies[1].count", "a list of 3"),
+    (lambda d: d.update(bodies=[]), "bodies", "at least one body"),
+])
+def test_bad_values_name_key_and_expectation(tmp_path, mutate, key, expected):
+    d = _base()
+    mutate(d)
+    msg = _err(tmp_path, d)
+    assert f": {key}:" in msg, msg
+    assert expected in msg, msg
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    msg = _err(tmp_path, "name: t\nmaterials:\n  steel: {density: 1\nbodies: []\n")
+    assert "YAML syntax error" in msg and "line" in msg
+
+
+def test_empty_and_missing_files(tmp_path):
+    assert "empty" in _err(tmp_path, "")
+    assert "empty" in _err(tmp_path, "# only a comment\n")
+    with pytest.raises(UserError, match="not found"):
+        load_scene(tmp_path / "nope.yaml")
+    assert "top level" in _err(tmp_path, "- 1\n- 2\n")
+
+
+def test_overrides_patch_values_and_are_validated(tmp_path):
+    p = _write(tmp_path, yaml.safe_dump(_base()))
+    s = load_scene(p, ["sim.seed=3", "materials.steel.friction=0.25", "sim.gravity=[0, -1.62, 0]",
+                       "bodies.0.radius=0.25", "sim.contacts=padded"])
+    assert s.sim["seed"] == 3 and s.sim["contacts"] == "padded"
+    assert s.materials[0]["friction"] == 0.25 and s.sim["gravity"] == [0, -1.62, 0]
+    assert s.bodies["radius"][0] == 0.25
+    with pytest.raises(UserError, match=r"sim\.dt: expected a number > 0"):
+        load_scene(p, ["sim.dt=-1"])
+    with pytest.raises(UserError, match="key.path=value"):
+        load_scene(p, ["sim.seed"])
+    with pytest.raises(UserError, match=r"bodies\.5: expected a list index"):
+        load_scene(p, ["bodies.5.radius=1"])
+    assert apply_overrides({"a": {"b": 1}}, ["a.c.d=x"]) == {"a": {"b": 1, "c": {"d": "x"}}}
+
+
+def test_generators_expand_in_place_in_order():
+    d = _base()
+    d["bodies"] = [
+        {"shape": "sphere", "radius": 0.1, "position": [9, 9, 9], "material": "steel"},
+        {"generate": "grid", "shape": "box", "half_extents": [0.1, 0.2, 0.1], "count": [2, 3, 4],
+         "origin": [0, 1, 0], "spacing": 0.5, "material": "steel"},
+        {"generate": "stack", "shape": "box", "half_extents": [0.5, 0.25, 0.5], "count": 4, "origin": [5, 0, 0],
+         "gap": 0.0, "material": "steel"},
+        {"generate": "pyramid", "shape": "box", "half_extents": [0.2, 0.2, 0.2], "levels": 4, "gap": 0.02,
+         "material": "steel"},
+        {"generate": "random", "shape": "mixed", "count": 50, "min": [-1, 0, -1], "max": [1, 2, 1], "radius": 0.05,
+         "half_extents": [0.04, 0.04, 0.04], "material": "steel"},
+    ]
+    s = scene_from_dict(d)
+    b = s.bodies
+    assert s.body_count == 1 + 24 + 4 + 10 + 50
+    assert np.allclose(b["position"][0], [9, 9, 9])
+    grid = b["position"][1:25]
+    assert np.allclose(grid[0], [0, 1, 0]) and np.allclose(grid.max(0), [0.5, 2.0, 1.5])
+    stack = b["position"][25:29]
+    assert np.allclose(stack[:, 1], [0.25, 0.75, 1.25, 1.75])  # resting exactly on each other from the floor
+    pyr = b["position"][29:39]
+    assert np.allclose(sorted(set(np.round(pyr[:, 1], 6))), [0.2, 0.6, 1.0, 1.4])
+    assert abs(pyr[:4, 0].mean()) < 1e-12 and np.isclose(pyr[1, 0] - pyr[0, 0], 0.42)
+    rnd = b["position"][39:]
+    assert (rnd.min(0) >= [-1, 0, -1]).all() and (rnd.max(0) <= [1, 2, 1]).all()
+    # the same seed gives the same scene; another seed another one
+    assert np.array_equal(scene_from_dict(d).bodies["position"], b["position"])
+    assert not np.array_equal(scene_from_dict(d, ["sim.seed=1"]).bodies["position"], b["position"])
+
+
+def test_container_center_defaults_to_floor_at_zero():
+    d = _base()
+    d["static"] = [{"type": "container", "size": [4, 2, 6], "material": "steel"}]
+    s = scene_from_dict(d)
+    assert s.statics[0]["center"] == [0.0, 1.0, 0.0]
+
+
+def test_quaternions_are_normalised():
+    d = _base()
+    d["bodies"][0] = {"shape": "box", "half_extents": [1, 1, 1], "position": [0, 0, 0], "orientation": [2, 0, 0, 0],
+                      "material": "steel"}
+    q = scene_from_dict(d).bodies["orientation"][0]
+    assert np.allclose(q, [1, 0, 0, 0]) and math.isclose(np.linalg.norm(q), 1.0)
+
+
+def test_run_py_bad_scene_exit_code_2_without_traceback(tmp_path):
+    p = _write(tmp_path, "name: t\nmaterials: {m: {}}\nbodies:\n  - {shape: sphere, radius: -1, position: [0,0,0], "
+                         "material: m}\n")
+    r = subprocess.run([sys.executable, str(ROOT / "run.py"), str(p), "--headless", "--frames", "1",
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "bodies[0].radius: expected a number > 0, got -1" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "run.py"), str(tmp_path / "missing.yaml"), "--headless"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
