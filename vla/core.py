@@ -5,16 +5,19 @@ A :class:`VLA` holds ``num_arrays`` lists that kernels grow with :meth:`VLA.appe
 * **inline** (tier 1): the first ``inline_capacity`` elements of every list in one dense
   structure-of-arrays field laid out ``[k, i]``, so neighbouring threads (lists ``i``, ``i+1``) touch
   neighbouring addresses. No indirection.
-* **pool** (tier 2): fixed-size chunks of ``chunk_size`` elements in one global pool. List ``i`` owns
-  the chunks ``chunk_table[table_start[i] : table_start[i+1]]`` (a CSR chunk table), so element ``k``
-  is found in O(1): ``pool[chunk_table[table_start[i] + (k-ic) // cs] * cs + (k-ic) % cs]``.
+* **pool** (tier 2): fixed-size chunks of ``chunk_size`` elements in one global pool. A list's chunk
+  table is the pair ``table_start[i], table_start[i+1]``: its chunks are kept contiguous and in list
+  order, so element ``k`` is ``pool[table_start[i] * cs + k - ic]``, O(1) with no dependent load
+  beyond ``table_start`` (one that appends issue before their atomic). Growth re-lays the pool out
+  on the device (prefix sum + one copy), which is rare because capacity is memoised.
 * **block shared memory** (tier 3, CUDA): see :mod:`vla.shared`.
 
 Why no element is ever lost, without compare-and-swap (Taichi 1.7.4 has only atomic add/min/max/...):
 an append takes its slot with one ``atomic_add`` on the list's length. If the slot lies inside the
 list's inline part or its already-owned chunks, the element goes home directly. Otherwise it goes to
 an overflow area through an atomic bump, tagged with (list, slot). :meth:`VLA.commit` then gives each
-list the chunks its length now needs (device-side prefix sum), and moves the overflowed elements home.
+list the chunks its length now needs (device-side prefix sum and re-layout), and moves the overflowed
+elements home.
 If even the overflow area was too small, ``commit`` grows everything to the demand it saw and raises
 :class:`VLAOverflowError`; :func:`vla.launch` catches that, rolls the lengths back and runs the kernel
 again, so a caller that uses ``launch`` never loses an element.
@@ -150,62 +153,38 @@ def _k_extra_chunks(v: ti.template(), demand: _i32_nd, extra: _i32_nd):
 
 
 @ti.kernel
-def _k_table_to_nd(v: ti.template(), tab: _i32_nd, own: _i32_nd, n: ti.i32):
-    for t in range(n):
-        tab[t] = v.chunk_table[t]
-        own[t] = v.table_owner[t]
-
-
-@ti.kernel
-def _k_grow_table(v: ti.template(), tab: _i32_nd, own: _i32_nd, n_old: ti.i32, extra_off: _i32_nd, bump: ti.i32):
-    # Old entries keep their order and shift right by the extra chunks of all lists before theirs.
-    for t in range(n_old):
-        o = own[t]
-        nt = t + extra_off[o]
-        v.chunk_table[nt] = tab[t]
-        v.table_owner[nt] = o
-    # New chunks come from the bump range [bump, bump + total) and go at the end of their list.
+def _k_target_grow(v: ti.template(), extra: _i32_nd, target: _i32_nd):
     for i in range(v.num_arrays):
-        e = extra_off[i + 1] - extra_off[i]
-        base = v.table_start[i + 1] + extra_off[i]
-        for c in range(e):
-            v.chunk_table[base + c] = bump + extra_off[i] + c
-            v.table_owner[base + c] = i
-    for i in range(v.num_arrays + 1):
-        v.table_start[i] += extra_off[i]
+        target[i] = v.table_start[i + 1] - v.table_start[i] + extra[i]
 
 
 @ti.kernel
-def _k_keep_chunks(v: ti.template(), keep: _i32_nd):
+def _k_target_trim(v: ti.template(), target: _i32_nd):
     for i in range(v.num_arrays):
         have = v.table_start[i + 1] - v.table_start[i]
-        keep[i] = ti.min(have, v._chunks_for(v.length_field[i]))
+        target[i] = ti.min(have, v._chunks_for(v.length_field[i]))
 
 
 @ti.kernel
-def _k_compact_leaf(
-    v: ti.template(), path: ti.template(), tab: _i32_nd, own: _i32_nd, n_old: ti.i32, keep_off: _i32_nd, out: _nd
+def _k_relayout_leaf(
+    v: ti.template(), path: ti.template(), n_old: ti.i32, target: _i32_nd, new_start: _i32_nd, out: _nd
 ):
-    """Copy the kept chunks of every list, in list order, into out (chunk t' at out[t'*cs ...])."""
+    """Copy every list's first target[i] chunks to their place in the new layout (list order)."""
     f = ti.static(_leaf_field(v.pool, path))
     for t, j in ti.ndrange(n_old, v.chunk_size):
-        o = own[t]
+        o = v.table_owner[t]
         r = t - v.table_start[o]
-        if r < keep_off[o + 1] - keep_off[o]:
-            out[(keep_off[o] + r) * v.chunk_size + j] = f[tab[t] * v.chunk_size + j]
+        if r < target[o]:
+            out[((new_start[o] + r) << v._chunk_shift) + j] = f[(t << v._chunk_shift) + j]
 
 
 @ti.kernel
-def _k_compact_table(v: ti.template(), own: _i32_nd, n_old: ti.i32, keep_off: _i32_nd):
-    for t in range(n_old):
-        o = own[t]
-        r = t - v.table_start[o]
-        if r < keep_off[o + 1] - keep_off[o]:
-            nt = keep_off[o] + r
-            v.chunk_table[nt] = nt
-            v.table_owner[nt] = o
+def _k_relayout_table(v: ti.template(), new_start: _i32_nd):
+    for i in range(v.num_arrays):
+        for c in range(new_start[i], new_start[i + 1]):
+            v.table_owner[c] = i
     for i in range(v.num_arrays + 1):
-        v.table_start[i] = keep_off[i]
+        v.table_start[i] = new_start[i]
 
 
 @ti.kernel
@@ -304,7 +283,6 @@ class VLA:
         self.inline_capacity = int(inline_capacity)
         self.chunk_size = int(chunk_size)
         self._chunk_shift = int(chunk_size).bit_length() - 1
-        self._unroll = min(self.chunk_size, 16)  # element loads unrolled per step in reduce()
         self._leaves = _leaves(dtype)
         self.element_bytes = element_bytes(dtype)
         self._debug = bool(impl.current_cfg().debug)
@@ -328,8 +306,8 @@ class VLA:
         # Growable tier: one field per SNode tree so a tree can be replaced without moving the others.
         self._trees = {}
         self._caps = {}
-        self.pool = self.chunk_table = self.table_owner = self.ovf_value = self.ovf_meta = None
-        self._bump = 0              # chunks handed out to lists: [0, bump) are in the table
+        self.pool = self.table_owner = self.ovf_value = self.ovf_meta = None
+        self._bump = 0              # chunks owned by lists: [0, bump), in list order
         self.grow_events = 0
         self.overflow_events = 0
         self.recompile_events = 0
@@ -352,7 +330,6 @@ class VLA:
         pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
         self._alloc("pool", dtype, pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
-        self._alloc("chunk_table", ti.i32, pool_chunks)
         self._alloc("table_owner", ti.i32, pool_chunks)
         ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
@@ -423,17 +400,12 @@ class VLA:
                 acc = f(acc, self.inline[k, i])
         rem = n - self.inline_capacity
         if rem > 0:
-            t0 = self.table_start[i]
-            for c in range((rem + self.chunk_size - 1) >> self._chunk_shift):
-                base = self.chunk_table[t0 + c] << self._chunk_shift
-                m = rem - (c << self._chunk_shift)
-                if m >= self.chunk_size:
-                    for g in range(self.chunk_size // self._unroll):
-                        for j in ti.static(range(self._unroll)):
-                            acc = f(acc, self.pool[base + g * self._unroll + j])
-                else:
-                    for j in range(m):
-                        acc = f(acc, self.pool[base + j])
+            base = self.table_start[i] << self._chunk_shift
+            for g in range(rem >> 4):
+                for j in ti.static(range(16)):
+                    acc = f(acc, self.pool[base + g * 16 + j])
+            for j in range(rem & ~15, rem):
+                acc = f(acc, self.pool[base + j])
         return acc
 
     @ti.func
@@ -445,12 +417,9 @@ class VLA:
                 f(ctx, i, k, self.inline[k, i])
         rem = n - self.inline_capacity
         if rem > 0:
-            t0 = self.table_start[i]
-            for c in range((rem + self.chunk_size - 1) >> self._chunk_shift):
-                base = self.chunk_table[t0 + c] << self._chunk_shift
-                k0 = self.inline_capacity + (c << self._chunk_shift)
-                for j in range(ti.min(self.chunk_size, n - k0)):
-                    f(ctx, i, k0 + j, self.pool[base + j])
+            base = self.table_start[i] << self._chunk_shift
+            for j in range(rem):
+                f(ctx, i, self.inline_capacity + j, self.pool[base + j])
 
     @ti.func
     def set(self, i, k, x):
@@ -510,10 +479,9 @@ class VLA:
                 kk = e // self.num_arrays
                 r = self.inline[kk, e - kk * self.num_arrays]
             else:
-                q = e - n_inline
-                r = self.pool[(self.chunk_table[q >> self._chunk_shift] << self._chunk_shift) + (q & (self.chunk_size - 1))]
+                r = self.pool[e - n_inline]
         else:
-            r = self.pool[(self.chunk_table[e >> self._chunk_shift] << self._chunk_shift) + (e & (self.chunk_size - 1))]
+            r = self.pool[e]
         return r
 
     # ------------------------------------------------------------------ kernel-side internals
@@ -530,9 +498,7 @@ class VLA:
 
     @ti.func
     def _pool_addr(self, i, k):
-        p = k - self.inline_capacity
-        return (self.chunk_table[self.table_start[i] + (p >> self._chunk_shift)] << self._chunk_shift) + (
-            p & (self.chunk_size - 1))
+        return (self.table_start[i] << self._chunk_shift) + k - self.inline_capacity
 
     @ti.func
     def _store_owned(self, i, slot, x):
@@ -541,9 +507,8 @@ class VLA:
     @ti.func
     def _store_new(self, i, slot, x, t_begin, t_end):
         p = slot - self.inline_capacity
-        t = t_begin + (p >> self._chunk_shift)
-        if t < t_end:
-            self.pool[(self.chunk_table[t] << self._chunk_shift) + (p & (self.chunk_size - 1))] = x
+        if p < ((t_end - t_begin) << self._chunk_shift):
+            self.pool[(t_begin << self._chunk_shift) + p] = x
         else:
             # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
             o = ti.atomic_add(self._scalars[0], 1)
@@ -588,31 +553,9 @@ class VLA:
     def trim(self):
         """Compact the pool and release every chunk the current lengths do not need."""
         self.commit()
-        n = self.num_arrays
-        keep = self._scratch_nd("keep", n)
-        keep_off = self._scratch_nd("keep_off", n + 1)
-        _k_keep_chunks(self, keep)
-        self._scanner.exclusive(keep, n, keep_off)
-        n_keep = int(keep_off[n])
-        n_old = self._bump
-        tab, own = self._table_copy(n_old)
-        leaf_tmp = []
-        for path, ldt in self._leaves:
-            out = ti.ndarray(ldt, shape=max(1, n_keep * self.chunk_size))
-            if n_keep:
-                _k_compact_leaf(self, path, tab, own, n_old, keep_off, out)
-            leaf_tmp.append(out)
-        new_chunks = max(1, n_keep)
-        self._regrow("pool", self.dtype, new_chunks * self.chunk_size, 0)
-        self._caps["pool_chunks"] = new_chunks
-        for (path, _), out in zip(self._leaves, leaf_tmp):
-            if n_keep:
-                _k_nd_to_field_leaf(self, "pool", path, out, n_keep * self.chunk_size)
-        self._regrow("chunk_table", ti.i32, new_chunks, 0)
-        self._regrow("table_owner", ti.i32, new_chunks, 0)
-        _k_compact_table(self, own, n_old, keep_off)
-        self._bump = n_keep
-        self._scalars[2] = n_keep
+        target = self._scratch_nd("target", self.num_arrays)
+        _k_target_trim(self, target)
+        self._relayout(target, shrink=True)
         if self._caps["ovf_value"] > self._default_ovf:
             self._regrow("ovf_value", self.dtype, self._default_ovf, 0)
             self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf, 0)
@@ -712,7 +655,7 @@ class VLA:
         reserved_elems = inline_elems + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
         meta = (4 * self.num_arrays + 4 * (self.num_arrays + 1) + 16
-                + 4 * self._caps["chunk_table"] + 4 * self._caps["table_owner"] + 8 * ovf)
+                + 4 * self._caps["table_owner"] + 8 * ovf)
         element_reserved_bytes = (reserved_elems + ovf) * eb
         return {
             "arrays": self.num_arrays,
@@ -755,8 +698,8 @@ class VLA:
                 if cs < min_chunk_size:
                     continue
                 chunks = ((np.maximum(0, vals - ic) + cs - 1) // cs * counts).sum()
-                # per list: inline slots + length + table_start; per chunk: elements + table + owner
-                reserved = lens.size * (ic * eb + 8) + chunks * (cs * eb + 8)
+                # per list: inline slots + length + table_start; per chunk: elements + owner id
+                reserved = lens.size * (ic * eb + 8) + chunks * (cs * eb + 4)
                 if best is None or reserved < best[0]:
                     best = (reserved, ic, cs)
         reserved, ic, cs = best
@@ -778,13 +721,6 @@ class VLA:
             nd = ti.ndarray(dtype, shape=max(n, 1))
             self._scratch[key] = nd
         return nd
-
-    def _table_copy(self, n):
-        tab = self._scratch_nd("tab_copy", n)
-        own = self._scratch_nd("own_copy", n)
-        if n:
-            _k_table_to_nd(self, tab, own, n)
-        return tab, own
 
     def _alloc(self, attr, dtype, length):
         if length > _I32_MAX:
@@ -838,24 +774,41 @@ class VLA:
         extra_off = self._scratch_nd("extra_off", n + 1)
         _k_extra_chunks(self, demand, extra)
         self._scanner.exclusive(extra, n, extra_off)
-        total = int(extra_off[n])
-        if total == 0:
+        if int(extra_off[n]) == 0:
             return
         self.grow_events += 1
-        need = self._bump + total
-        if need > self._caps["pool_chunks"]:
-            # Grow with ~20% headroom over the demand seen, so the next growth is rare.
-            new_chunks = int(math.ceil(need * 1.2))
-            self._regrow("pool", self.dtype, new_chunks * self.chunk_size, self._bump * self.chunk_size)
-            self._caps["pool_chunks"] = new_chunks
-        if need > self._caps["chunk_table"]:
-            cap = self._caps["pool_chunks"]
-            self._regrow("chunk_table", ti.i32, cap, self._bump)
-            self._regrow("table_owner", ti.i32, cap, self._bump)
-        tab, own = self._table_copy(self._bump)
-        _k_grow_table(self, tab, own, self._bump, extra_off, self._bump)
-        self._bump = need
-        self._scalars[2] = need
+        target = self._scratch_nd("target", n)
+        _k_target_grow(self, extra, target)
+        self._relayout(target, shrink=False)
+
+    def _relayout(self, target, shrink):
+        """Lay the pool out anew with target[i] chunks for list i, in list order, keeping every list's
+        data (up to target[i] chunks). The pool grows with ~20% headroom, or shrinks to fit if asked."""
+        n = self.num_arrays
+        new_start = self._scratch_nd("new_start", n + 1)
+        self._scanner.exclusive(target, n, new_start)
+        total = int(new_start[n])
+        n_old = self._bump
+        cs = self.chunk_size
+        moved = []
+        for path, ldt in self._leaves:
+            out = ti.ndarray(ldt, shape=max(1, total * cs))
+            if n_old and total:
+                _k_relayout_leaf(self, path, n_old, target, new_start, out)
+            moved.append((path, out))
+        cap = self._caps["pool_chunks"]
+        if total > cap or (shrink and total < cap):
+            # Grow with ~20% headroom over the demand seen, so the next growth is rare; trim fits exactly.
+            cap = max(1, total if shrink else int(math.ceil(total * 1.2)))
+            self._regrow("pool", self.dtype, cap * cs, 0)
+            self._regrow("table_owner", ti.i32, cap, 0)
+            self._caps["pool_chunks"] = cap
+        if total:
+            for path, out in moved:
+                _k_nd_to_field_leaf(self, "pool", path, out, total * cs)
+        _k_relayout_table(self, new_start)
+        self._bump = total
+        self._scalars[2] = total
 
     def _check_values(self, values, total):
         leaves = []
