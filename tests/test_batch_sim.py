@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest.importorskip("app.headless", reason="the simulator's headless run (issue 3) is not in this checkout yet")
 SCENE = "tests/data/batch_tiny.yaml"
 FRAMES = "3"
 SWEEP = ["--seeds", "0-3", "--set", "sim.solver_iterations=4,-1"]
