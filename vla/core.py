@@ -879,7 +879,7 @@ def launch(fn, *args, vlas=None, max_retries=8):
     snaps = []
     for v in vlas:
         v.commit()  # earlier, un-committed appends belong to the state we may roll back to
-        snap = ti.ndarray(ti.i32, shape=v.num_arrays)
+        snap = v._scratch_nd("launch_snapshot", v.num_arrays)  # reused: launch allocates nothing
         _k_lengths_to_nd(v, snap)
         snaps.append(snap)
     for attempt in range(max_retries + 1):
