@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", action="store_true", help="also write trajectory.npz (every frame's poses)")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scene value, e.g. --set sim.seed=3 --set materials.steel.friction=0.4")
+    # offscreen rendering (app/viewer.py); GGUI is imported only when one of these is given
+    p.add_argument("--render", default=None, metavar="DIR", help="with --headless: write DIR/frame_00000.png ...")
+    p.add_argument("--render-every", type=int, default=1, metavar="K", help="render every K-th frame (default 1)")
+    p.add_argument("--video", default=None, metavar="FILE.mp4", help="with --headless: encode the frames to an MP4")
     return p
 
 
@@ -48,8 +52,17 @@ def main(argv=None) -> int:
         from app.headless import run_headless
 
         out = args.out or default_out_dir(args.scene)
-        m = run_headless(args.scene, args.frames or DEFAULT_FRAMES, out, arch=args.arch, record=args.record,
-                         overrides=tuple(args.set), progress=True)
+        on_frame = None
+        if args.render or args.video:
+            from app.viewer import frame_callback
+
+            on_frame = frame_callback(args.render, args.render_every, args.video)
+        try:
+            m = run_headless(args.scene, args.frames or DEFAULT_FRAMES, out, arch=args.arch, record=args.record,
+                             overrides=tuple(args.set), progress=True, on_frame=on_frame)
+        finally:
+            if on_frame is not None:
+                on_frame.close()
         print(f"{m['scene']}: {m['bodies']} bodies, {m['steps']} steps in {m['wall_time']:.2f} s "
               f"({m['steps_per_second']:.1f} steps/s, {m['arch']}); contacts final {m['contacts']['final']}, "
               f"max penetration {m['max_penetration'] * 1000:.2f} mm; wrote {out}/")

@@ -91,7 +91,8 @@ def _progress(frames, enabled):
         return None
 
 
-def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrides=(), progress=True) -> dict:
+def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrides=(), progress=True,
+                 on_frame=None) -> dict:
     """Run `frames` frames of a scene without a viewer and write the outputs into out_dir (see module
     docstring). Returns the metrics dict. Bad input raises UserError (exit 2); an explosion raises
     app.sim.SimulationError (exit 1) after writing what it has."""
@@ -124,6 +125,8 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
         for f in range(frames):
             sim.contacts.max_depth[None] = 0.0
             sim.step_frame()
+            if on_frame is not None:  # viewer hook (offscreen frames / video); see app.viewer.frame_callback
+                on_frame(sim, f)
             final_pen = float(sim.contacts.max_depth[None])
             max_pen = max(max_pen, final_pen)
             contacts.append(int(sim.contacts.contact_total[None]))

@@ -678,12 +678,14 @@ class VLA:
 
     @staticmethod
     def tune(lengths, dtype=ti.i32, inline_options=(0, 1, 2, 3, 4, 6, 8, 12, 16),
-             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=4):
+             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1):
         """Choose (inline_capacity, chunk_size) that minimise reserved bytes for a length histogram.
 
-        ``lengths``: observed per-list lengths. Chunks smaller than ``min_chunk_size`` are not
-        considered: each chunk costs a table entry and, on the append path, one more dependent load per
-        chunk boundary, so tiny chunks save bytes but cost speed. Returns a dict with the choice and its
+        ``lengths``: observed per-list lengths. The model counts what the VLA really reserves: inline
+        slots for every list, whole chunks for the rest of each list, 8 bytes per list (length, chunk
+        table start) and 4 per chunk (its owner, for flat iteration). Speed hardly depends on the choice
+        (a list's chunks are contiguous, so there is no per-chunk load); ``min_chunk_size`` can still
+        exclude tiny chunks, which make growth re-layouts more frequent. Returns the choice and its
         predicted reserved/live ratio.
         """
         lens = np.asarray(lengths, dtype=np.int64)
