@@ -1,0 +1,434 @@
+"""Drawing a simulation (or a recorded trajectory) into a GGUI scene. Shared by the interactive window, the
+offscreen recorder, replay and the benchmark.
+
+    source = SimSource(sim)                  # or PoseSource(...) for replay / state.npz
+    renderer = Renderer(source)
+    renderer.update()                        # device kernels: instance transforms (+ contact glyphs)
+    renderer.draw(window.get_scene(), camera)
+    canvas.scene(scene)
+
+A *source* exposes the device fields the kernels read (body_pos, body_quat, body_half_extents, body_shape,
+body_material), `body_count`, `capacity`, `generation` (changes when fields are reallocated), `statics`
+(the scene's static list) and, for a live simulation, `contact_lists()` -> (lists, base) or None.
+The renderer reads those fields and never writes them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import taichi as ti
+
+from app import render_kernels as rk
+from app import render_meshes as rm
+
+BACKGROUND = (0.11, 0.12, 0.15)
+FLOOR_COLORS = ((0.40, 0.42, 0.46), (0.33, 0.35, 0.39))
+GROUND_COLORS = ((0.22, 0.23, 0.26), (0.19, 0.20, 0.23))
+RAMP_COLORS = ((0.50, 0.45, 0.38), (0.42, 0.38, 0.32))
+WALL_LINE_COLOR = (0.42, 0.55, 0.68)
+CONTACT_POINT_COLOR = (1.0, 0.95, 0.25)
+CONTACT_NORMAL_COLOR = (1.0, 0.35, 0.25)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sources
+# --------------------------------------------------------------------------------------------------------------
+class SimSource:
+    """A live app.sim.Simulation: the kernels read its State and Model fields directly (no host copy)."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    @property
+    def body_pos(self):
+        return self.sim.state.body_pos
+
+    @property
+    def body_quat(self):
+        return self.sim.state.body_quat
+
+    @property
+    def body_half_extents(self):
+        return self.sim.model.body_half_extents
+
+    @property
+    def body_shape(self):
+        return self.sim.model.body_shape
+
+    @property
+    def body_material(self):
+        return self.sim.model.body_material
+
+    @property
+    def body_count(self) -> int:
+        return self.sim.body_count
+
+    @property
+    def capacity(self) -> int:
+        return self.sim.capacity
+
+    @property
+    def generation(self):
+        return (self.sim.generation_id, self.sim.body_count)
+
+    @property
+    def statics(self):
+        return self.sim.static_geometry()
+
+    @property
+    def material_names(self):
+        return [m["name"] for m in self.sim.scene.materials]
+
+    def host_shapes(self) -> dict:
+        return self.sim.shapes()
+
+    def host_positions(self) -> np.ndarray:
+        return self.sim.positions()
+
+    def contact_lists(self):
+        c = self.sim.contacts
+        return c.lists, c.base
+
+
+@ti.data_oriented
+class PoseSource:
+    """Bodies whose poses come from the host: a recorded trajectory (replay) or a state.npz. Owns its fields.
+
+    shapes: dict with shape (N,) 0 sphere / 1 box, half_extents (N,3) m, material (N,) (as in state.npz).
+    statics: the scene's static list (may be empty). material_names: for colours (optional)."""
+
+    def __init__(self, shapes: dict, statics=(), material_names=None):
+        self.material_names = list(material_names or ())
+        n = int(np.asarray(shapes["shape"]).shape[0])
+        self._count = n
+        cap = max(n, 1)
+        self._capacity = cap
+        self.body_pos = ti.Vector.field(3, ti.f32, cap)
+        self.body_quat = ti.Vector.field(4, ti.f32, cap)
+        self.body_half_extents = ti.Vector.field(3, ti.f32, cap)
+        self.body_shape = ti.field(ti.i32, cap)
+        self.body_material = ti.field(ti.i32, cap)
+        self._shapes = {k: np.asarray(v) for k, v in shapes.items()}
+
+        def pad(a, dtype, width=None):
+            out = np.zeros((cap,) if width is None else (cap, width), dtype)
+            out[:n] = a
+            return out
+
+        self.body_half_extents.from_numpy(pad(shapes["half_extents"], np.float32, 3))
+        self.body_shape.from_numpy(pad(shapes["shape"], np.int32))
+        self.body_material.from_numpy(pad(shapes["material"], np.int32))
+        self.statics = list(statics)
+        self._pos = np.zeros((n, 3), np.float32)
+
+    body_count = property(lambda self: self._count)
+    capacity = property(lambda self: self._capacity)
+    generation = property(lambda self: (0, self._count))
+
+    def set_poses(self, position, orientation):
+        """Upload one frame: position (N,3) m, orientation (N,4) w,x,y,z."""
+        self._pos = np.ascontiguousarray(position, np.float32).reshape(self._count, 3)
+        quat = np.ascontiguousarray(orientation, np.float32).reshape(self._count, 4)
+        if self._count:
+            rk.kernel_upload_poses(self._pos, quat, self._count, self.body_pos, self.body_quat)
+
+    def host_shapes(self) -> dict:
+        return self._shapes
+
+    def host_positions(self) -> np.ndarray:
+        return self._pos
+
+    def contact_lists(self):
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# camera
+# --------------------------------------------------------------------------------------------------------------
+def scene_bounds(positions: np.ndarray, radii: np.ndarray, statics) -> tuple:
+    """(lo (3,), hi (3,)) of the bodies and containers: what a default camera should frame."""
+    if len(positions):
+        lo = (positions - radii[:, None]).min(axis=0)
+        hi = (positions + radii[:, None]).max(axis=0)
+    else:
+        lo, hi = np.array([-1.0, 0.0, -1.0]), np.array([1.0, 1.0, 1.0])
+    for s in statics:
+        if s["type"] == "container":
+            c = np.asarray(s["center"], np.float64)
+            h = np.asarray(s["size"], np.float64) / 2
+            lo, hi = np.minimum(lo, c - h), np.maximum(hi, c + h)
+    return np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+
+
+def default_camera(lo, hi, fov=45.0, aspect=16 / 9):
+    """A three-quarter view from above the front-right that fits the box [lo, hi]: returns dict(position,
+    lookat, up, fov)."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    center = (lo + hi) / 2
+    radius = max(float(np.linalg.norm(hi - lo)) / 2, 1e-3)
+    direction = np.array([0.55, 0.55, 1.0])
+    direction /= np.linalg.norm(direction)
+    half = math.radians(fov) / 2
+    half = min(half, math.atan(math.tan(half) * aspect))
+    dist = radius / math.sin(half) * 1.05
+    lookat = center - np.array([0.0, 0.15 * (hi[1] - lo[1]), 0.0])
+    return {"position": (lookat + direction * dist).tolist(), "lookat": lookat.tolist(), "up": [0.0, 1.0, 0.0],
+            "fov": float(fov)}
+
+
+def camera_spec(scene_camera, lo, hi, aspect) -> dict:
+    """The scene's camera where it gives one (missing keys from the default), else the default."""
+    spec = default_camera(lo, hi, (scene_camera or {}).get("fov", 45.0), aspect)
+    for k in ("position", "lookat", "up", "fov"):
+        if scene_camera and scene_camera.get(k) is not None:
+            spec[k] = [float(x) for x in scene_camera[k]] if k != "fov" else float(scene_camera[k])
+    return spec
+
+
+def apply_camera(camera, spec: dict, extent: float):
+    camera.position(*spec["position"])
+    camera.lookat(*spec["lookat"])
+    camera.up(*spec["up"])
+    camera.fov(spec["fov"])
+    dist = float(np.linalg.norm(np.subtract(spec["position"], spec["lookat"])))
+    camera.z_near(max(1e-4, 0.002 * min(dist, extent)))
+    camera.z_far(max(100.0, 50.0 * (dist + extent)))
+
+
+def look_at_matrix(position, lookat, up) -> np.ndarray:
+    """World -> camera (right-handed, camera looks down -z), 4x4 row-major for column vectors."""
+    eye = np.asarray(position, np.float64)
+    f = np.asarray(lookat, np.float64) - eye
+    f /= np.linalg.norm(f)
+    s = np.cross(f, np.asarray(up, np.float64))
+    s /= np.linalg.norm(s)
+    u = np.cross(s, f)
+    m = np.eye(4)
+    m[0, :3], m[1, :3], m[2, :3] = s, u, -f
+    m[:3, 3] = -m[:3, :3] @ eye
+    return m
+
+
+def project(points, spec: dict, width: int, height: int) -> np.ndarray:
+    """Pixel coordinates (K, 2) (x right, y down, origin top-left) of world points under a pinhole camera with
+    vertical field of view spec['fov'] degrees: the projection the viewer's camera performs."""
+    p = np.atleast_2d(np.asarray(points, np.float64))
+    v = look_at_matrix(spec["position"], spec["lookat"], spec.get("up", (0, 1, 0)))
+    cam = (v[:3, :3] @ p.T).T + v[:3, 3]
+    t = math.tan(math.radians(spec["fov"]) / 2)
+    aspect = width / height
+    ndc_x = cam[:, 0] / (-cam[:, 2] * t * aspect)
+    ndc_y = cam[:, 1] / (-cam[:, 2] * t)
+    return np.stack([(ndc_x + 1) / 2 * width, (1 - ndc_y) / 2 * height], axis=1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# renderer
+# --------------------------------------------------------------------------------------------------------------
+def _field_from(array, n_components=None, dtype=ti.f32):
+    a = np.ascontiguousarray(array)
+    if n_components is None:
+        f = ti.field(dtype, a.shape[0])
+    else:
+        f = ti.Vector.field(n_components, dtype, a.shape[0])
+    f.from_numpy(a.astype(np.float32 if dtype == ti.f32 else np.int32))
+    return f
+
+
+@ti.data_oriented
+class Renderer:
+    """Owns the viewer's device data (meshes, instance transforms, contact glyphs, static geometry) for one
+    source and draws it.
+
+    color_mode: 'material' | 'contacts'. show_contacts: draw contact points and normals (live sims only).
+    """
+
+    GLYPH_CAPACITY_MAX = 1 << 20
+
+    def __init__(self, source, color_mode="material", show_contacts=False):
+        self.source = source
+        self.color_mode = color_mode
+        self.show_contacts = show_contacts
+        self._generation = None
+        self._static_key = None
+        self._keys_dirty = True
+        self._host_counts = None
+        self.contact_glyphs = 0
+        self._build_body_meshes()
+        self._sync_capacity()
+        self._build_statics()
+
+    # ------------------------------------------------------------------ setup
+    def _build_body_meshes(self):
+        sub = rm.sphere_subdivisions(self.source.body_count)
+        if getattr(self, "_sphere_sub", None) == sub:
+            return
+        self._sphere_sub = sub
+        v, n, i = rm.icosphere(sub)
+        self.sphere_vertices, self.sphere_normals, self.sphere_indices = _field_from(v, 3), _field_from(n, 3), \
+            _field_from(i, dtype=ti.i32)
+        v, n, i = rm.unit_box()
+        self.box_vertices, self.box_normals, self.box_indices = _field_from(v, 3), _field_from(n, 3), \
+            _field_from(i, dtype=ti.i32)
+
+    def _sync_capacity(self):
+        """(Re)allocate per-body fields when the source's fields were reallocated or grew."""
+        gen = self.source.generation
+        if gen == self._generation:
+            return
+        cap = self.source.capacity
+        if getattr(self, "_capacity", None) != cap:
+            self._capacity = cap
+            self.instance_transform = ti.Matrix.field(4, 4, ti.f32, cap)
+            self.body_key = ti.field(ti.i32, cap)
+            k = 2 * rm.COLOR_BUCKETS
+            self.key_count = ti.field(ti.i32, k)
+            self.key_cursor = ti.field(ti.i32, k)
+            gcap = int(min(self.GLYPH_CAPACITY_MAX, max(1024, 8 * cap)))
+            self.glyph_point = ti.Vector.field(3, ti.f32, gcap)
+            self.glyph_line = ti.Vector.field(3, ti.f32, 2 * gcap)
+            self.glyph_count = ti.field(ti.i32, ())
+        self._generation = gen
+        self._keys_dirty = True
+        self._build_body_meshes()
+        shapes = self.source.host_shapes()
+        he = np.asarray(shapes["half_extents"], np.float64)
+        self.size_hint = float(np.median(he.min(axis=1))) if len(he) else 0.1
+
+    def scene_bounds(self):
+        shapes = self.source.host_shapes()
+        he = np.asarray(shapes["half_extents"], np.float64)
+        radii = np.linalg.norm(he, axis=1) if len(he) else np.zeros(0)
+        # spheres: half_extents = (r, r, r); their bounding radius is r, not r*sqrt(3)
+        sphere = np.asarray(shapes["shape"]) == 0
+        radii = np.where(sphere, he[:, 0] if len(he) else radii, radii)
+        return scene_bounds(self.source.host_positions(), radii, self.source.statics)
+
+    def _build_statics(self):
+        """Static geometry as host-built meshes: a checker quad per plane (ground planes wide, ramps around the
+        bodies), a container's floor as a lighter checker plus its walls as lines."""
+        statics = self.source.statics
+        lo, hi = self.scene_bounds()
+        center = (lo + hi) / 2
+        extent = max(float(np.linalg.norm(hi - lo)) / 2, 1e-3)
+        self.extent = extent
+        self.center = center
+        meshes, lines = [], []
+        has_container = any(s["type"] == "container" for s in statics)
+        for s in statics:
+            if s["type"] == "plane":
+                n = np.asarray(s["normal"], np.float64)
+                n /= np.linalg.norm(n)
+                p0 = center - (n @ center - float(s["offset"])) * n
+                ground = n[1] > 0.99
+                half = (4.0 if ground else 1.2) * extent
+                cells = 2 * max(4, min(20, int(round(half / _nice_cell(extent)))))
+                cols = GROUND_COLORS if ground and has_container else (FLOOR_COLORS if ground else RAMP_COLORS)
+                # a ground under a container floor sits a hair lower so the two do not fight for depth
+                lift = -0.002 * extent if (ground and has_container) else 0.0
+                meshes.append(rm.checker_quad(p0, n, half, half, cells, cells, *cols, lift=lift))
+            elif s["type"] == "container":
+                size = np.asarray(s["size"], np.float64)
+                c = np.asarray(s["center"], np.float64)
+                floor_c = c - np.array([0.0, size[1] / 2, 0.0])
+                cell = _nice_cell(max(size[0], size[2]) / 2)
+                cu = max(2, min(40, int(round(size[0] / cell))))
+                cw = max(2, min(40, int(round(size[2] / cell))))
+                meshes.append(rm.checker_quad(floor_c, [0, 1, 0], size[0] / 2, size[2] / 2, cu, cw, *FLOOR_COLORS))
+                lines.append(rm.container_lines(size, c))
+                if not any(t["type"] == "plane" for t in statics):
+                    g = 4.0 * extent
+                    cells = 2 * max(4, min(20, int(round(g / _nice_cell(extent)))))
+                    meshes.append(rm.checker_quad(floor_c, [0, 1, 0], g, g, cells, cells, *GROUND_COLORS,
+                                                  lift=-0.002 * extent))
+        self.static_meshes = []
+        for v, n, i, c in meshes:
+            self.static_meshes.append((_field_from(v, 3), _field_from(n, 3), _field_from(i, dtype=ti.i32),
+                                       _field_from(c, 3)))
+        self.static_lines = _field_from(np.concatenate(lines), 3) if lines else None
+        self.lights = [
+            (center + np.array([0.6, 2.5, 1.2]) * extent * 2.0, (0.95, 0.90, 0.82)),
+            (center + np.array([-1.5, 1.0, -0.8]) * extent * 2.0, (0.22, 0.26, 0.34)),
+        ]
+
+    # ------------------------------------------------------------------ per frame
+    def set_color_mode(self, mode):
+        if mode not in ("material", "contacts"):
+            raise ValueError(f"color mode {mode!r}: expected material | contacts")
+        if mode != self.color_mode:
+            self.color_mode = mode
+            self._keys_dirty = True
+
+    def update(self):
+        """Fill instance transforms (and contact glyphs) from the source's fields: device kernels, plus a
+        read-back of the 32 bucket counts when they can have changed."""
+        src = self.source
+        self._sync_capacity()
+        n = src.body_count
+        if n == 0:
+            self._host_counts = np.zeros(2 * rm.COLOR_BUCKETS, np.int32)
+            return
+        lists = src.contact_lists() if self.color_mode == "contacts" else None
+        if lists is not None:
+            rk.kernel_keys_contacts(src.body_shape, lists[0], lists[1], n, rm.COLOR_BUCKETS, self.body_key)
+        elif self._keys_dirty:
+            rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
+        rk.kernel_scatter_instances(self.body_key, src.body_pos, src.body_quat, src.body_half_extents, n,
+                                    self.key_count, self.key_cursor, self.instance_transform)
+        if lists is not None or self._keys_dirty or self._host_counts is None:
+            self._host_counts = self.key_count.to_numpy()
+            self._keys_dirty = lists is not None
+        self.contact_glyphs = 0
+        cl = src.contact_lists() if self.show_contacts else None
+        if cl is not None:
+            rk.kernel_contact_glyphs(cl[0], cl[1], n, 1.5 * self.size_hint, self.glyph_point, self.glyph_line,
+                                     self.glyph_count)
+            self.contact_glyphs = int(self.glyph_count[None])
+
+    def draw(self, scene, camera):
+        """Declare everything for this frame into a GGUI scene (call update() first)."""
+        scene.set_camera(camera)
+        scene.ambient_light((0.30, 0.31, 0.34))
+        for pos, col in self.lights:
+            scene.point_light(pos=tuple(float(x) for x in pos), color=col)
+        for v, n, i, c in self.static_meshes:
+            scene.mesh(v, indices=i, normals=n, per_vertex_color=c, two_sided=True)
+        if self.static_lines is not None:
+            scene.lines(self.static_lines, width=1.5, color=WALL_LINE_COLOR)
+        counts = self._host_counts
+        if counts is not None:
+            colors = rm.bucket_colors(self.color_mode, getattr(self.source, "material_names", None))
+            offset = 0
+            for key, cnt in enumerate(counts):
+                cnt = int(cnt)
+                if cnt:
+                    shape, bucket = divmod(key, rm.COLOR_BUCKETS)
+                    v, nr, ix = (self.sphere_vertices, self.sphere_normals, self.sphere_indices) if shape == 0 else \
+                        (self.box_vertices, self.box_normals, self.box_indices)
+                    scene.mesh_instance(v, indices=ix, normals=nr, color=tuple(float(x) for x in colors[bucket]),
+                                        transforms=self.instance_transform, instance_offset=offset,
+                                        instance_count=cnt)
+                offset += cnt
+        if self.contact_glyphs:
+            k = min(self.contact_glyphs, self.glyph_point.shape[0])
+            scene.particles(self.glyph_point, radius=0.25 * self.size_hint, color=CONTACT_POINT_COLOR,
+                            index_count=k)
+            scene.lines(self.glyph_line, width=1.0, color=CONTACT_NORMAL_COLOR, vertex_count=2 * k)
+
+
+def _nice_cell(extent: float) -> float:
+    """A round checker cell size (1, 2 or 5 x 10^k m) giving about ten cells across `extent`."""
+    raw = max(extent / 5.0, 1e-4)
+    p = 10.0 ** math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        if raw <= m * p:
+            return m * p
+    return 10 * p
+
+
+def image_rgb8(window) -> np.ndarray:
+    """The window's current image as (H, W, 3) uint8, top row first. Ends the frame (draw again after)."""
+    img = window.get_image_buffer_as_numpy()  # (W, H, 4) float, y up
+    rgb = np.clip(img[:, :, :3], 0.0, 1.0)
+    return (rgb.transpose(1, 0, 2)[::-1] * 255.0 + 0.5).astype(np.uint8)

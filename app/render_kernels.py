@@ -1,0 +1,92 @@
+"""Viewer kernels: per-instance transforms and contact glyphs, filled on the device from the State.
+
+GGUI's ``scene.mesh_instance`` takes one colour per call, so bodies are drawn in colour buckets: every frame
+a counting sort on the device orders the bodies by key = shape * COLOR_BUCKETS + bucket (bucket: material
+or contact count) and writes each body's 4x4 transform into its slot; the host then issues one
+``mesh_instance`` call per non-empty (shape, bucket) range. The only per-frame read-back is the bucket
+counts (2 * COLOR_BUCKETS int32), never the bodies.
+
+Kernels read the simulator's fields (state.body_pos, state.body_quat, model.body_half_extents,
+model.body_shape, model.body_material, the contact lists) and write only the viewer's own fields.
+"""
+import taichi as ti
+
+from app.math3d import quat_to_mat
+
+vec3 = ti.types.vector(3, ti.f32)
+
+CONTACT_RAMP_TOP = 6  # contact-count buckets 0..6 (6 = six or more); matches render_meshes.CONTACT_RAMP
+
+
+@ti.kernel
+def kernel_keys_material(body_shape: ti.template(), body_material: ti.template(), body_count: ti.i32,
+                         buckets: ti.i32, body_key: ti.template()):
+    """body_key[i] = shape * buckets + material mod buckets."""
+    for i in range(body_count):
+        body_key[i] = body_shape[i] * buckets + body_material[i] % buckets
+
+
+@ti.kernel
+def kernel_keys_contacts(body_shape: ti.template(), lists: ti.template(), list_base: ti.i32, body_count: ti.i32,
+                         buckets: ti.i32, body_key: ti.template()):
+    """body_key[i] = shape * buckets + min(contacts in body i's list, CONTACT_RAMP_TOP)."""
+    for i in range(body_count):
+        body_key[i] = body_shape[i] * buckets + ti.min(lists.length(list_base + i), CONTACT_RAMP_TOP)
+
+
+@ti.kernel
+def kernel_scatter_instances(body_key: ti.template(), body_pos: ti.template(), body_quat: ti.template(),
+                             body_half_extents: ti.template(), body_count: ti.i32, key_count: ti.template(),
+                             key_cursor: ti.template(), instance_transform: ti.template()):
+    """Counting sort of bodies by key, writing each body's transform T = [R diag(half_extents) | pos] into
+    its slot. key_count (K,) i32 ends holding the bodies per key; instance_transform (capacity,) mat4 f32.
+    The unit meshes (sphere of radius 1, box [-1,1]^3) become the body under T."""
+    for k in key_count:
+        key_count[k] = 0
+    for i in range(body_count):
+        ti.atomic_add(key_count[body_key[i]], 1)
+    for _ in range(1):  # serial exclusive prefix over a few dozen keys
+        acc = 0
+        for k in range(key_count.shape[0]):
+            key_cursor[k] = acc
+            acc += key_count[k]
+    for i in range(body_count):
+        slot = ti.atomic_add(key_cursor[body_key[i]], 1)
+        R = quat_to_mat(body_quat[i])
+        h = body_half_extents[i]
+        p = body_pos[i]
+        m = ti.Matrix.identity(ti.f32, 4)
+        for r in ti.static(range(3)):
+            for c in ti.static(range(3)):
+                m[r, c] = R[r, c] * h[c]
+            m[r, 3] = p[r]
+        instance_transform[slot] = m
+
+
+@ti.kernel
+def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: ti.i32, normal_length: ti.f32,
+                          glyph_point: ti.template(), glyph_line: ti.template(), glyph_count: ti.template()):
+    """Every contact point once (from the lower-index body of a pair, or the body of a plane contact):
+    glyph_point[k] = point, glyph_line[2k], glyph_line[2k+1] = point, point + normal_length * normal (the
+    normal pushing the owner). glyph_count[None] ends as the number found (may exceed the capacity: only
+    the first glyph_point.shape[0] are written)."""
+    glyph_count[None] = 0
+    cap = glyph_point.shape[0]
+    for i in range(body_count):
+        for k in range(lists.length(list_base + i)):
+            c = lists.get(list_base + i, k)
+            if c.other < 0 or c.other > i:
+                slot = ti.atomic_add(glyph_count[None], 1)
+                if slot < cap:
+                    glyph_point[slot] = c.point
+                    glyph_line[2 * slot] = c.point
+                    glyph_line[2 * slot + 1] = c.point + normal_length * c.normal
+
+
+@ti.kernel
+def kernel_upload_poses(src_pos: ti.types.ndarray(dtype=vec3, ndim=1), src_quat: ti.types.ndarray(ndim=2),
+                        body_count: ti.i32, body_pos: ti.template(), body_quat: ti.template()):
+    """Replay: copy one recorded frame (N,3) / (N,4) into the viewer's own pose fields."""
+    for i in range(body_count):
+        body_pos[i] = src_pos[i]
+        body_quat[i] = ti.Vector([src_quat[i, 0], src_quat[i, 1], src_quat[i, 2], src_quat[i, 3]], dt=ti.f32)

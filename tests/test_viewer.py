@@ -1,0 +1,255 @@
+"""Viewer: offscreen rendering on lavapipe (mesa-vulkan-drivers), projection, recorder, replay, fallbacks.
+
+Images are small (320x240) because lavapipe renders on the CPU. Colour checks compare dominant channels
+rather than exact values: lighting changes the shade, not which channel wins.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from app import render_meshes as rm
+from app.viewer import vulkan_problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "data", "viewer_tiny.yaml")
+W, H = 320, 240
+
+# A body's projected centre must land within this many pixels of its blob's centroid: perspective shifts
+# a sphere's silhouette centroid off the projected centre by well under a pixel at these distances, the
+# rest is pixel quantisation of the silhouette edge.
+CENTROID_TOL_PX = 2.0
+
+needs_vulkan = pytest.mark.skipif(vulkan_problem() is not None, reason=f"{vulkan_problem()}")
+
+
+@pytest.fixture(scope="module")
+def ti_cpu():
+    import taichi as ti
+
+    ti.init(arch=ti.cpu, log_level=ti.WARN)
+    yield ti
+
+
+# ---------------------------------------------------------------------------------------------------- pure numpy
+def test_meshes_are_closed_and_unit():
+    for sub in (0, 1, 2):
+        v, n, i = rm.icosphere(sub)
+        assert len(i) == 3 * 20 * 4 ** sub
+        np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
+        # outward winding: each triangle's geometric normal points away from the centre
+        tri = v[i.reshape(-1, 3)]
+        gn = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+        assert (np.einsum("ij,ij->i", gn, tri.mean(axis=1)) > 0).all()
+    v, n, i = rm.unit_box()
+    assert v.shape == (24, 3) and len(i) == 36 and np.abs(v).max() == 1.0
+    tri = v[i.reshape(-1, 3)]
+    gn = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+    assert (np.einsum("ij,ij->i", gn, n[i.reshape(-1, 3)[:, 0]]) > 0).all()
+
+
+def test_projection_matches_taichi_camera_matrices(ti_cpu):
+    import taichi as ti
+
+    from app.render import project
+
+    spec = {"position": [3.0, 2.0, 4.0], "lookat": [0.0, 0.5, 0.0], "up": [0.0, 1.0, 0.0], "fov": 40.0}
+    cam = ti.ui.Camera()
+    cam.position(*spec["position"])
+    cam.lookat(*spec["lookat"])
+    cam.up(*spec["up"])
+    cam.fov(spec["fov"])
+    view = np.asarray(cam.get_view_matrix()).T        # taichi returns them transposed (column-major)
+    proj = np.asarray(cam.get_projection_matrix(W / H)).T
+    pts = np.array([[0.0, 0.5, 0.0], [1.0, 0.0, -0.5], [-0.7, 1.2, 0.3]])
+    clip = (proj @ view @ np.c_[pts, np.ones(3)].T).T
+    ndc = clip[:, :2] / clip[:, 3:4]
+    expect = np.stack([(ndc[:, 0] + 1) / 2 * W, (1 - ndc[:, 1]) / 2 * H], 1)
+    np.testing.assert_allclose(project(pts, spec, W, H), expect, atol=1e-3)
+    np.testing.assert_allclose(project(spec["lookat"], spec, W, H)[0], [W / 2, H / 2], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------- offscreen
+def _pose_view(positions, materials, shapes=None, statics=(), camera=None):
+    from app.render import PoseSource
+    from app.viewer import OffscreenView
+
+    n = len(positions)
+    shapes = np.zeros(n, np.int32) if shapes is None else np.asarray(shapes, np.int32)
+    src = PoseSource({"shape": shapes, "half_extents": np.full((n, 3), 0.25, np.float32),
+                      "material": np.asarray(materials, np.int32)}, statics)
+    quat = np.tile([1.0, 0.0, 0.0, 0.0], (n, 1))
+    src.set_poses(np.asarray(positions, np.float32), quat)
+    return src, OffscreenView(src, camera, (W, H))
+
+
+def _foreground(img):
+    """Pixels that differ from the background colour (any shade of any body)."""
+    bg = np.array([0.11, 0.12, 0.15]) * 255
+    return np.abs(img.astype(np.float32) - bg).max(axis=2) > 25
+
+
+def _blob_centroid(img, centre, radius=40):
+    yy, xx = np.nonzero(_foreground(img))
+    near = np.hypot(xx + 0.5 - centre[0], yy + 0.5 - centre[1]) < radius
+    return near.sum(), np.array([xx[near].mean() + 0.5, yy[near].mean() + 0.5]) if near.any() else None
+
+
+def _mask(img, channel):
+    """Pixels whose `channel` (0 R, 1 G, 2 B) clearly dominates the other two."""
+    f = img.astype(np.float32)
+    others = [c for c in range(3) if c != channel]
+    return (f[..., channel] > f[..., others[0]] + 25) & (f[..., channel] > f[..., others[1]] + 25)
+
+
+@needs_vulkan
+def test_bodies_appear_where_projected(ti_cpu):
+    from app.render import project
+
+    camera = {"position": [0.0, 1.5, 5.0], "lookat": [0.0, 0.0, 0.0], "fov": 45.0}
+    # material 0 is orange (red dominant), material 1 steel blue (blue dominant), 3 green
+    pos = np.array([[-1.2, 0.3, 0.0], [1.0, -0.4, 0.5], [0.2, 0.9, -1.0]], np.float32)
+    src, view = _pose_view(pos, [0, 1, 3], camera=camera)
+    try:
+        img = view.render()
+        assert img.shape == (H, W, 3)
+        assert img.std() > 10, "blank image"
+        spec = view.camera_spec
+        px = project(pos, spec, W, H)
+        for k, channel in enumerate((0, 2, 1)):
+            # the blob around this body only (the three are far apart on screen) is centred on its projection
+            count, centroid = _blob_centroid(img, px[k])
+            assert count > 30, f"body {k} not drawn near its projection {px[k]}"
+            assert np.linalg.norm(centroid - px[k]) < CENTROID_TOL_PX, (k, centroid, px[k])
+            # and has the body's material colour at its centre
+            cx, cy = int(px[k, 0]), int(px[k, 1])
+            assert _mask(img[cy - 2:cy + 3, cx - 2:cx + 3], channel).all(), (k, img[cy, cx])
+        # background far from the bodies
+        corner = img[2:10, 2:10].astype(np.float32) / 255
+        np.testing.assert_allclose(corner.mean(axis=(0, 1)), [0.11, 0.12, 0.15], atol=0.02)
+
+        # move a body: its blob follows, and the update is on the device (no new renderer)
+        pos2 = pos.copy()
+        pos2[0] = [-0.3, -0.8, 1.0]
+        src.set_poses(pos2, np.tile([1.0, 0, 0, 0], (3, 1)))
+        img2 = view.render()
+        p2 = project(pos2[0], spec, W, H)[0]
+        count, centroid = _blob_centroid(img2, p2, radius=60)
+        assert count > 30 and np.linalg.norm(centroid - p2) < CENTROID_TOL_PX, (centroid, p2)
+        assert _foreground(img2)[int(px[0, 1]), int(px[0, 0])] == 0, "the body is still drawn where it was"
+    finally:
+        view.close()
+
+
+@needs_vulkan
+def test_colour_buckets_and_statics(ti_cpu):
+    """Counting sort: per (shape, material) bucket counts; boxes and a container drawn."""
+    from app.render import PoseSource, Renderer
+
+    shapes = np.array([0, 1, 1, 0, 1], np.int32)
+    mats = np.array([2, 0, 2, 2, 17], np.int32)
+    src = PoseSource({"shape": shapes, "half_extents": np.full((5, 3), 0.1, np.float32), "material": mats},
+                     [{"type": "container", "size": [2, 1, 2], "center": [0, 0.5, 0], "material": 0}])
+    src.set_poses(np.random.default_rng(0).uniform(-0.5, 0.5, (5, 3)) + [0, 0.5, 0], np.tile([1.0, 0, 0, 0], (5, 1)))
+    r = Renderer(src)
+    r.update()
+    counts = r._host_counts
+    B = rm.COLOR_BUCKETS
+    assert counts[0 * B + 2] == 2 and counts[1 * B + 0] == 1 and counts[1 * B + 2] == 1 and counts[1 * B + 1] == 1
+    assert counts.sum() == 5
+    # every body's transform is somewhere in the sorted array: translations are a permutation of positions
+    t = r.instance_transform.to_numpy()[:5]
+    got = sorted(map(tuple, np.round(t[:, :3, 3], 5)))
+    assert got == sorted(map(tuple, np.round(src.host_positions(), 5)))
+    np.testing.assert_allclose(np.abs(np.linalg.det(t[:, :3, :3])), 0.1 ** 3, rtol=1e-4)
+    assert r.static_lines is not None and len(r.static_meshes) == 2   # container floor + ground around it
+
+
+@needs_vulkan
+def test_headless_recorder_writes_frames_and_video(ti_cpu, tmp_path):
+    import imageio.v2 as imageio
+
+    from app.scene import load_scene
+    from app.sim import Simulation
+    from app.viewer import frame_callback
+
+    sim = Simulation(load_scene(TINY), verbose=False)
+    cb = frame_callback(str(tmp_path / "frames"), 2, str(tmp_path / "run.mp4"), size=(W, H))
+    for f in range(5):
+        sim.step_frame()
+        cb(sim, f)
+    cb.close()
+    pngs = sorted(os.listdir(tmp_path / "frames"))
+    assert pngs == ["frame_00000.png", "frame_00001.png", "frame_00002.png"]
+    a = imageio.imread(tmp_path / "frames" / pngs[0])
+    b = imageio.imread(tmp_path / "frames" / pngs[-1])
+    assert a.shape == (H, W, 3) and a.std() > 10
+    assert np.abs(a.astype(int) - b).sum() > 0, "bodies fell but the frames are identical"
+    reader = imageio.get_reader(str(tmp_path / "run.mp4"))
+    assert sum(1 for _ in reader) == 3
+    reader.close()
+
+
+@needs_vulkan
+def test_replay_renders_a_recorded_run(ti_cpu, tmp_path):
+    import imageio.v2 as imageio
+
+    from app.scene import load_scene
+    from app.viewer import replay_main
+
+    scene = load_scene(TINY)
+    b = scene.bodies
+    n = scene.body_count
+    frames = 3
+    pos = np.stack([b["position"] - [0, 0.1 * f, 0] for f in range(frames)]).astype(np.float32)
+    quat = np.tile(b["orientation"], (frames, 1, 1)).astype(np.float32)
+    np.savez(tmp_path / "trajectory.npz", time=np.arange(frames) * 0.016, position=pos, orientation=quat)
+    np.savez(tmp_path / "state.npz", position=pos[-1], orientation=quat[-1], shape=b["shape"],
+             half_extents=b["half_extents"], material=b["material"], radius=b["radius"])
+    (tmp_path / "metrics.json").write_text(json.dumps({"scene_path": TINY, "overrides": []}))
+    assert replay_main([str(tmp_path), "--render", str(tmp_path / "r"), "--size", f"{W}x{H}"]) == 0
+    imgs = [imageio.imread(tmp_path / "r" / f"frame_{k:05d}.png") for k in range(frames)]
+    assert all(im.shape == (H, W, 3) for im in imgs)
+    assert np.abs(imgs[0].astype(int) - imgs[2]).sum() > 0
+    assert n == pos.shape[1]
+
+
+# ---------------------------------------------------------------------------------------------------- fallbacks
+def _run(args, env_update, timeout=240):
+    env = dict(os.environ)
+    for k, v in env_update.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return subprocess.run([sys.executable, os.path.join(ROOT, "run.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_no_vulkan_driver_names_the_package(tmp_path):
+    (tmp_path / "state.npz").write_bytes(b"")
+    np.savez(tmp_path / "state.npz", position=np.zeros((1, 3)), orientation=[[1, 0, 0, 0]], shape=[0],
+             half_extents=[[0.1, 0.1, 0.1]], material=[0])
+    np.savez(tmp_path / "trajectory.npz", time=[0.0], position=np.zeros((1, 1, 3)), orientation=[[[1, 0, 0, 0]]])
+    r = _run(["replay", str(tmp_path), "--video", str(tmp_path / "x.mp4")],
+             {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": None})
+    assert r.returncode == 2, r.stderr
+    assert "mesa-vulkan-drivers" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@needs_vulkan
+def test_no_display_runs_headless_and_writes_preview(tmp_path):
+    out = tmp_path / "out"
+    r = _run([TINY, "--frames", "3", "--arch", "cpu", "--out", str(out)], {"DISPLAY": None, "WAYLAND_DISPLAY": None})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "running headless" in r.stderr and "Traceback" not in r.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["frames"] == 3 and m["bodies"] == 29
+    import imageio.v2 as imageio
+
+    img = imageio.imread(out / "preview.png")
+    assert img.shape == (576, 1024, 3) and img.std() > 10
