@@ -50,7 +50,10 @@ class Grid:
         while size < 2 * body_capacity:
             size *= 2
         self.table_size = size
-        self.cells = VLA(size, ti.i32, inline_capacity=2, chunk_size=8, name="grid_cells")
+        # Reserve pool room for a third of the bodies: crowded cells (a dense pile puts up to ~8 centres in a
+        # cell) spill past the 2 inline slots, and growing the pool mid-run costs a reallocation.
+        self.cells = VLA(size, ti.i32, inline_capacity=2, chunk_size=8, reserve=max(64, body_capacity // 3),
+                         name="grid_cells")
 
     def build(self, model, state):
         """Rebuild the cell lists from the current positions (through vla.launch: no body is ever lost)."""

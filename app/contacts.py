@@ -195,9 +195,10 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, reserve_per_l
     """Build a list storage by name; an unknown name raises ValueError listing the valid ones."""
     if kind == "vla":
         from vla import VLA
-        # Most bodies have a handful of contacts: keep those inline, the rest in 16-element chunks, and
-        # pre-reserve the pool for the expected mean so the first steps do not grow it repeatedly.
-        return VLA(num_arrays, dtype, inline_capacity=min(4, reserve_per_list), chunk_size=16,
+        # Most bodies have a handful of contacts: keep 4 inline (a sphere on a floor, a box face on the floor)
+        # and the rest in 8-element chunks. The pool is pre-reserved for the expected mean: every pool growth
+        # reallocates a tree (and may recompile kernels), so a pile that settles should not grow it step by step.
+        return VLA(num_arrays, dtype, inline_capacity=4, chunk_size=8,
                    reserve=int(num_arrays * max(0, reserve_per_list - 4)), name=name)
     if kind == "padded":
         return PaddedLists(num_arrays, dtype, max_length, name=name)
@@ -221,7 +222,7 @@ class ContactSet:
     max_depth: 0-d f32 m, deepest penetration seen since the last reset_frame_stats().
     """
 
-    def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, expected_per_body: int = 4):
+    def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, expected_per_body: int = 12):
         self.kind = kind
         self.body_capacity = int(body_capacity)
         self.lists = make_lists(kind, 2 * self.body_capacity, ContactRecord, max_per_body,

@@ -1,0 +1,134 @@
+"""Simulator benchmark: steps/s of the pile scenes, and the same scene with each contact storage.
+
+    python run.py bench sim [--small] [--out DIR] [--arch auto|cpu|cuda] [--steps N] [--storages vla,padded,dynamic]
+    python -m bench.sim_bench --small
+
+For every (scene, storage) it loads the scene, simulates a warm-up until the pile has landed (so that the
+timed steps carry a real contact load; kernels compile during the warm-up too), then times `--steps`
+steps between two ti.sync() calls. Recorded per run: ms/step, steps/s, contacts per step, contact-storage
+memory (bytes reserved by the storage for both contact generations, and bytes live), padded overflow,
+VLA growth events. Writes sim_bench.json and sim_bench.md into --out (default out/bench_sim).
+
+--small runs the same scenes at a few thousand bodies (CPU-sized); full size is for the GPU machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STORAGES = ("vla", "padded", "dynamic")
+
+# --small: a pile of N bodies in a container sized so that the pile is several layers deep.
+SMALL_OVERRIDES = {
+    "pile_100k": ("bodies.0.count=2000", "static.0.size=[2.5, 4, 2.5]", "bodies.0.min=[-1.2, 0.1, -1.2]",
+                  "bodies.0.max=[1.2, 6, 1.2]"),
+    "pile_1m": ("bodies.0.count=5000", "static.0.size=[3.5, 6, 3.5]", "bodies.0.min=[-1.7, 0.1, -1.7]",
+                "bodies.0.max=[1.7, 8, 1.7]"),
+}
+
+
+def _landing_steps(scene) -> int:
+    """Steps until the highest body has fallen to the floor, plus 0.25 s to settle into contact."""
+    g = max(1e-6, math.sqrt(sum(x * x for x in scene.sim["gravity"])))
+    top = float(scene.bodies["position"][:, 1].max())
+    t = math.sqrt(2 * max(top, 0.0) / g) + 0.25
+    return int(math.ceil(t / scene.sim["dt"]))
+
+
+def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True) -> dict:
+    import taichi as ti
+
+    from app.headless import get_simulation
+    from app.scene import load_scene
+
+    scene = load_scene(scene_path, tuple(overrides) + (f"sim.contacts={storage}",))
+    t_build = time.perf_counter()
+    sim = get_simulation(scene, verbose=verbose)
+    warm = _landing_steps(scene) if warmup_steps is None else int(warmup_steps)
+    for _ in range(warm):
+        sim.step()
+    sim.check()
+    ti.sync()
+    t_warm = time.perf_counter() - t_build
+    contacts0 = int(sim.contacts.contact_total[None])
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sim.step()
+    ti.sync()
+    wall = time.perf_counter() - t0
+    sim.check()
+    st = sim.contacts.stats()
+    grid = sim.grid.stats()
+    return {
+        "scene": scene.name, "storage": storage, "bodies": sim.body_count, "warmup_steps": warm,
+        "warmup_seconds": t_warm, "steps": steps, "wall_time": wall, "ms_per_step": 1e3 * wall / steps,
+        "steps_per_second": steps / wall, "contacts_at_start": contacts0,
+        "contacts_at_end": int(sim.contacts.contact_total[None]),
+        "contact_reserved_bytes": int(st["reserved_bytes"]), "contact_live_bytes": int(st["live_bytes"]),
+        "contact_storage_stats": st, "grid_reserved_bytes": int(grid["reserved_bytes"]),
+        "padded_overflow": sim.contacts.overflowed(), "overrides": list(overrides),
+    }
+
+
+def _table(rows) -> str:
+    out = ["| scene | bodies | storage | ms/step | steps/s | contacts | contact memory (MiB) | vs padded: speed | "
+           "vs padded: memory | overflow |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded"}
+    for r in rows:
+        p = padded.get((r["scene"], r["bodies"]))
+        speed = f"{p['ms_per_step'] / r['ms_per_step']:.2f}x" if p else "-"
+        mem = f"{r['contact_reserved_bytes'] / p['contact_reserved_bytes']:.2f}x" if p else "-"
+        out.append(f"| {r['scene']} | {r['bodies']} | {r['storage']} | {r['ms_per_step']:.2f} | "
+                   f"{r['steps_per_second']:.1f} | {r['contacts_at_end']} | {r['contact_reserved_bytes'] / 2**20:.1f} | "
+                   f"{speed} | {mem} | {r['padded_overflow']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="run.py bench sim", description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="a few thousand bodies (CPU-sized)")
+    p.add_argument("--out", default=os.path.join("out", "bench_sim"))
+    p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per run (default 200, --small 40)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: until the pile has landed)")
+    p.add_argument("--storages", default=",".join(STORAGES), help="comma list of vla,padded,dynamic")
+    p.add_argument("--scenes", default="pile_100k,pile_1m", help="comma list of scene names in scenes/")
+    args = p.parse_args(argv)
+    from app.errors import UserError
+    from app.headless import ensure_taichi
+
+    storages = [s.strip() for s in args.storages.split(",") if s.strip()]
+    for s in storages:
+        if s not in STORAGES:
+            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic")
+    arch = ensure_taichi(args.arch)
+    steps = args.steps or (40 if args.small else 200)
+    rows = []
+    for name in [s.strip() for s in args.scenes.split(",") if s.strip()]:
+        path = os.path.join(ROOT, "scenes", f"{name}.yaml")
+        overrides = SMALL_OVERRIDES.get(name, ()) if args.small else ()
+        for storage in storages:
+            r = bench_one(path, storage, steps, overrides, args.warmup)
+            r["arch"] = arch
+            rows.append(r)
+            print(f"{name:10s} {r['bodies']:8d} bodies  {storage:8s} {r['ms_per_step']:8.2f} ms/step  "
+                  f"{r['contacts_at_end']:9d} contacts  {r['contact_reserved_bytes'] / 2**20:9.1f} MiB  "
+                  f"overflow {r['padded_overflow']}", file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "sim_bench.json"), "w") as fh:
+        json.dump({"arch": arch, "small": args.small, "steps": steps, "runs": rows}, fh, indent=1)
+    md = f"# Simulator benchmark ({arch}{', --small' if args.small else ''})\n\n" + _table(rows)
+    with open(os.path.join(args.out, "sim_bench.md"), "w") as fh:
+        fh.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    sys.exit(main())

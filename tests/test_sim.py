@@ -1,0 +1,253 @@
+"""Simulation-level tests: the three contact storages agree, every shipped scene runs headless with a
+scene-specific final check, runtime body addition, explosion detection, contact geometry by hand.
+
+One Taichi runtime for the module. Headless runs share cached Simulations (app.headless.get_simulation),
+so kernels compile once per contact storage.
+"""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ti = pytest.importorskip("taichi")
+
+from app.errors import UserError  # noqa: E402
+from app.scene import scene_from_dict  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENES = ROOT / "scenes"
+
+# Storages agree: the solver sorts every body's list by (other body, feature) before using it, so the
+# motion does not depend on append order and the three storages must give the same f32 result. 1e-6 m
+# leaves room only for a different float summation order, not for a lost or extra contact.
+STORAGE_AGREE_TOL_M = 1e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def taichi_cpu():
+    ti.init(arch=ti.cpu, log_level=ti.WARN)
+    yield
+
+
+def _small_pile(kind):
+    return scene_from_dict({
+        "name": "agree", "sim": {"dt": 0.002, "substeps": 5, "contacts": kind, "padded_capacity": 32},
+        "materials": {"a": {"density": 1000, "friction": 0.5, "restitution": 0.3},
+                      "b": {"density": 500, "friction": 0.8, "restitution": 0.1}},
+        "static": [{"type": "container", "size": [1.2, 1.0, 1.2], "material": "a"}],
+        "bodies": [{"generate": "random", "shape": "mixed", "count": 40, "min": [-0.55, 0.05, -0.55],
+                    "max": [0.55, 1.6, 0.55], "radius": 0.08, "half_extents": [0.07, 0.05, 0.06],
+                    "materials": ["a", "b"]}]})
+
+
+def test_three_contact_storages_agree():
+    from app.sim import Simulation
+
+    results = {}
+    for kind in ("vla", "padded", "dynamic"):
+        sim = Simulation(_small_pile(kind), capacity=64)
+        for _ in range(30):  # 150 steps: the pile lands and collides
+            sim.step_frame()
+        results[kind] = (sim.positions(), sim.orientations(), sim.contact_counts(), sim.contacts.overflowed(),
+                         int(sim.contacts.contact_total[None]))
+    ref = results["vla"]
+    assert ref[4] > 40, "the pile must be in contact for the comparison to mean anything"
+    for kind in ("padded", "dynamic"):
+        pos, quat, counts, overflow, total = results[kind]
+        assert overflow == 0
+        assert np.array_equal(counts, ref[2]) and total == ref[4]
+        assert np.abs(pos - ref[0]).max() <= STORAGE_AGREE_TOL_M, kind
+        assert np.abs(quat - ref[1]).max() <= STORAGE_AGREE_TOL_M, kind
+
+
+def test_padded_overflow_is_counted_and_reported(capsys):
+    from app.sim import Simulation
+
+    scene = scene_from_dict(_small_pile("padded").raw, ["sim.padded_capacity=2"])
+    sim = Simulation(scene, capacity=64)
+    for _ in range(30):
+        sim.step_frame()
+    assert sim.contacts.overflowed() > 0
+    assert sim.overflow_events and sim.overflow_events[0]["lost"] > 0
+    assert "dropped" in capsys.readouterr().err
+
+
+def test_contact_geometry_by_hand():
+    """Two spheres of radius 0.2 and 0.11 with centres 0.3 apart: depth 0.01 along +x; box on plane: 4
+    corners at the box's sinking depth."""
+    from app.sim import Simulation
+
+    scene = scene_from_dict({"name": "geo", "sim": {"gravity": [0, 0, 0], "contact_margin": 0.0},
+                             "materials": {"m": {}},
+                             "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
+                             "bodies": [{"shape": "sphere", "radius": 0.2, "position": [0, 1, 0], "material": "m"},
+                                        {"shape": "sphere", "radius": 0.11, "position": [0.3, 1, 0], "material": "m"},
+                                        {"shape": "box", "half_extents": [0.5, 0.25, 0.5], "position": [3, 0.24, 0],
+                                         "material": "m"}]})
+    sim = Simulation(scene, capacity=64)
+    sim.contacts.begin_step(sim.body_count)
+    sim.grid.build(sim.model, sim.state)
+    from vla import launch
+
+    from app.narrowphase import kernel_narrowphase
+    launch(kernel_narrowphase, sim.model, sim.state, sim.grid.cells, sim.grid.table_size, sim.contacts.lists,
+           sim.contacts.base, sim.contacts, vlas=[sim.contacts.lists])
+    offsets, values = sim.contacts.lists.to_csr()
+    base = sim.contacts.base
+    a = slice(offsets[base], offsets[base + 1])
+    assert values["depth"][a].tolist() == pytest.approx([0.01], abs=1e-6)
+    assert values["normal"][a][0] == pytest.approx([-1, 0, 0], abs=1e-6)  # pushes sphere 0 away from 1
+    assert values["other"][a].tolist() == [1]
+    b = slice(offsets[base + 1], offsets[base + 2])
+    assert values["normal"][b][0] == pytest.approx([1, 0, 0], abs=1e-6) and values["other"][b].tolist() == [0]
+    c = slice(offsets[base + 2], offsets[base + 3])
+    assert values["depth"][c] == pytest.approx([0.01] * 4, abs=1e-6)
+    assert sorted(values["feature"][c].tolist()) == [0, 1, 4, 5]  # the 4 bottom corners (y bit clear)
+    assert (values["other"][c] == -1).all()
+
+
+def test_box_box_face_manifold_has_four_points():
+    from app.sim import Simulation
+
+    scene = scene_from_dict({"name": "bb", "sim": {"gravity": [0, -9.81, 0]}, "materials": {"m": {}},
+                             "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
+                             "bodies": [{"shape": "box", "half_extents": [0.5, 0.5, 0.5], "position": [0, 0.5, 0],
+                                         "material": "m"},
+                                        {"shape": "box", "half_extents": [0.3, 0.3, 0.3], "position": [0.1, 1.3, 0],
+                                         "orientation": [0.9238795, 0, 0.3826834, 0], "material": "m"}]})
+    sim = Simulation(scene, capacity=64)
+    sim.step()
+    counts = sim.contact_counts()
+    assert counts[1] == 4          # the small box, rotated 45 deg about y, lies flat on the big one
+    assert counts[0] == 4 + 4      # 4 on the floor + the same 4 pair contacts
+    for _ in range(200):
+        sim.step()
+    assert abs(sim.positions()[1, 1] - 1.3) < 0.01 * 0.3
+
+
+def test_add_bodies_grows_capacity_without_loss():
+    from app.sim import Simulation
+
+    scene = scene_from_dict({"name": "grow", "materials": {"m": {}},
+                             "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
+                             "bodies": [{"generate": "grid", "shape": "sphere", "radius": 0.1, "count": [4, 1, 4],
+                                         "origin": [0, 0.1, 0], "spacing": 0.3, "material": "m"}]})
+    sim = Simulation(scene)
+    assert sim.capacity == 16
+    sim.step_frame()
+    before = sim.positions().copy()
+    sim.add_bodies([{"generate": "grid", "shape": "box", "half_extents": [0.1, 0.1, 0.1], "count": [3, 1, 3],
+                     "origin": [0, 2, 0], "spacing": 0.3, "material": "m"}])
+    assert sim.body_count == 25 and sim.capacity >= 25
+    assert np.array_equal(sim.positions()[:16], before)
+    assert (sim.shapes()["shape"][16:] == 1).all()
+    for _ in range(60):
+        sim.step_frame()
+    p = sim.positions()
+    assert np.allclose(p[16:, 1], 0.1, atol=2e-3), "the added boxes fell and rest on the floor"
+    assert np.allclose(p[:16, 1], 0.1, atol=2e-3)
+
+
+def test_explosion_is_detected_with_body_and_step():
+    from app.sim import Simulation, SimulationError
+
+    scene = scene_from_dict({"name": "boom", "sim": {"max_speed": 50.0, "gravity": [0, 0, 0]}, "materials": {"m": {}},
+                             "bodies": [{"shape": "sphere", "radius": 0.1, "position": [0, 0, 0], "material": "m"},
+                                        {"shape": "sphere", "radius": 0.1, "position": [5, 0, 0],
+                                         "velocity": [0, 60, 0], "material": "m"}]})
+    sim = Simulation(scene, capacity=64)
+    with pytest.raises(SimulationError) as ei:
+        sim.step_frame()
+    assert "body 1" in str(ei.value) and "step 0" in str(ei.value)
+    assert ei.value.exit_code == 1 and isinstance(ei.value, UserError)
+
+
+# ------------------------------------------------------------------------------------ shipped scenes
+def _peak_after_first_bounce(y):
+    lo = int(np.argmin(y[: len(y) // 2]))
+    return float(y[lo:].max())
+
+
+def _check_default(m, st, tr):
+    p = st["position"]
+    assert (np.abs(p[:, [0, 2]]) < 3.0 + 1e-3).all(), "everything stays inside the 6 x 6 m container walls"
+    assert p[:, 1].min() > -1e-3
+    assert m["contacts"]["final"] > 100 and m["overflow_total"] == 0
+
+
+def _check_pyramid(m, st, tr):
+    moved = np.linalg.norm(tr["position"][-1] - tr["position"][0], axis=1)
+    assert moved.max() < 0.02, moved.max()
+
+
+def _check_ramp(m, st, tr):
+    d = np.linalg.norm(tr["position"][-1] - tr["position"][0], axis=1)
+    assert d[0] > 0.2 and d[1] > 0.05, d      # pair mu 0.2 and 0.35 < tan 25 deg = 0.47: slide
+    assert d[2] < 0.02 and d[3] < 0.02, d     # pair mu 0.6 and 0.9: stay
+    assert d[4] > 0.5, d                      # the ball rolls
+
+
+def _check_cradle(m, st, tr):
+    v = st["linear_velocity"][:, 0]
+    assert v[-1] > 0.95 and np.abs(v[:-1]).max() < 0.05, v
+    assert abs(v.sum() - 1.0) < 1e-3  # momentum of equal balls (frictionless rail)
+
+
+def _check_bounce(m, st, tr):
+    y = tr["position"][:, :, 1] - 0.1
+    for k, e in enumerate((0.0, 0.5, 0.9)):
+        peak = _peak_after_first_bounce(y[:, k])
+        assert abs(peak - e * e) <= 0.03 and peak - e * e <= 0.02, (e, peak)
+
+
+def _check_pile(m, st, tr):
+    p = st["position"]
+    assert np.isfinite(p).all() and m["overflow_total"] == 0
+    assert m["contacts"]["final"] > 0
+    assert m["kinetic_energy"][-1] < m["kinetic_energy"][len(m["kinetic_energy"]) // 2] * 10
+
+
+# scene -> (frames, overrides, check). The piles run in CI at 3000 bodies (their full size is GPU work, see
+# bench/sim_bench.py); test_scene.py checks that the full files expand to 100k and 1M bodies.
+SCENE_RUNS = {
+    "default": (40, (), _check_default),
+    "pyramid": (40, (), _check_pyramid),
+    "ramp": (40, (), _check_ramp),
+    "cradle": (80, (), _check_cradle),
+    "bounce": (80, (), _check_bounce),
+    "pile_100k": (20, ("bodies.0.count=3000", "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
+                       "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
+    "pile_1m": (20, ("bodies.0.count=3000", "static.0.size=[3, 6, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
+                     "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
+}
+
+
+def test_every_shipped_scene_has_a_ci_run():
+    assert {p.stem for p in SCENES.glob("*.yaml")} == set(SCENE_RUNS)
+
+
+@pytest.mark.parametrize("name", list(SCENE_RUNS))
+def test_shipped_scene_headless(name, tmp_path):
+    from app.headless import run_headless
+
+    frames, overrides, check = SCENE_RUNS[name]
+    out = tmp_path / name
+    m = run_headless(SCENES / f"{name}.yaml", frames, out, arch="cpu", record=True, overrides=overrides,
+                     progress=False)
+    disk = json.loads((out / "metrics.json").read_text())
+    for key in ("scene", "arch", "bodies", "frames", "steps", "sim_time", "wall_time", "steps_per_second", "contacts",
+                "max_penetration", "kinetic_energy", "vla", "overflow_events"):
+        assert key in disk, key
+    assert disk["frames"] == frames and len(disk["kinetic_energy"]) == frames
+    assert disk["steps"] == frames * m["substeps"] and math.isclose(disk["sim_time"], disk["steps"] * m["dt"])
+    st = np.load(out / "state.npz")
+    tr = np.load(out / "trajectory.npz")
+    n = m["bodies"]
+    assert st["position"].shape == (n, 3) and st["orientation"].shape == (n, 4)
+    assert st["linear_velocity"].shape == (n, 3) and st["angular_velocity"].shape == (n, 3)
+    assert tr["position"].shape == (frames, n, 3) and tr["orientation"].shape == (frames, n, 4)
+    assert tr["time"].shape == (frames,)
+    assert np.allclose(np.linalg.norm(st["orientation"], axis=1), 1, atol=1e-5)
+    check(m, st, tr)
