@@ -29,9 +29,10 @@ from app.errors import UserError
 
 DEFAULT_SIZE = (1280, 720)
 OFFSCREEN_SIZE = (1024, 576)   # multiples of 16: H.264 encoders need no resize
-PREVIEW_SIM_SECONDS = 2.0      # no display: simulated time of the headless preview run
+PREVIEW_SIM_SECONDS = 1.0      # no display: simulated time of the headless preview run (a few s on a laptop)
 SCREENSHOT_DIR = os.path.join("out", "screenshots")
 WINDOW_TITLE = "SmolVLA viewer"
+DROP_HEADROOM = 4096           # bodies the window can add before the simulation's fields must grow
 VULKAN_HINT = ("install a Vulkan driver: on Debian/Ubuntu `apt-get install mesa-vulkan-drivers libvulkan1` "
                "(lavapipe renders on the CPU), or your GPU vendor's driver")
 
@@ -336,7 +337,11 @@ def main_interactive(args) -> int:
     _ensure_taichi(getattr(args, "arch", "auto"), scene.sim["arch"])
     from app.sim import Simulation
 
-    sim = Simulation(scene)
+    # headroom for the "drop N bodies" button: growing past the capacity reallocates every field, which
+    # recompiles every simulation kernel (tens of seconds on a CPU)
+    headroom = getattr(args, "headroom", None)
+    headroom = max(DROP_HEADROOM, scene.body_count // 2) if headroom is None else max(0, int(headroom))
+    sim = Simulation(scene, capacity=scene.body_count + headroom)
     size = parse_size(args.size) if getattr(args, "size", None) else DEFAULT_SIZE
     viewer = InteractiveViewer(sim, size=size, screenshot_dir=getattr(args, "screenshot_dir", None) or SCREENSHOT_DIR,
                                color_mode=getattr(args, "color", None) or "material",
@@ -775,6 +780,8 @@ def viewer_main(argv=None) -> int:
     p.add_argument("--screenshot-dir", default=SCREENSHOT_DIR)
     p.add_argument("--color", choices=("material", "contacts"), default="material")
     p.add_argument("--contacts", action="store_true", help="start with contact points shown")
+    p.add_argument("--headroom", type=int, default=None,
+                   help=f"bodies the drop button can add without reallocating (default max({DROP_HEADROOM}, N/2))")
     p.add_argument("--out", default=None)
     p.add_argument("--frames", type=int, default=None)
     return main_interactive(p.parse_args(list(sys.argv[1:] if argv is None else argv)))

@@ -168,15 +168,53 @@ def test_colour_buckets_and_statics(ti_cpu):
     assert r.static_lines is not None and len(r.static_meshes) == 2   # container floor + ground around it
 
 
-@needs_vulkan
-def test_headless_recorder_writes_frames_and_video(ti_cpu, tmp_path):
-    import imageio.v2 as imageio
-
+@pytest.fixture(scope="module")
+def tiny_sim(ti_cpu):
+    """One simulation for the module (kernels compile once). Capacity 32, the default for the 29-body scene,
+    so the no-display run and the UI test reuse the same compiled kernels from Taichi's offline cache; it
+    leaves room for 3 dropped bodies."""
     from app.scene import load_scene
     from app.sim import Simulation
+
+    return Simulation(load_scene(TINY), capacity=32, verbose=False)
+
+
+@needs_vulkan
+def test_drop_bodies_live(tiny_sim):
+    """The panel's drop button: bodies join the running simulation and the renderer draws all of them."""
+    from app.render import Renderer, SimSource
+    from app.viewer import InteractiveViewer
+
+    sim = tiny_sim
+    sim.reset()
+    r = Renderer(SimSource(sim))
+    r.update()
+    assert r._host_counts.sum() == 29
+    top = sim.positions()[:, 1].max()
+    InteractiveViewer(sim).drop_bodies(3)
+    assert sim.body_count == 32 and sim.capacity == 32
+    new = sim.positions()[29:]
+    assert (new[:, 1] > top).all(), "dropped bodies must start above the scene"
+    d = np.linalg.norm(new[:, None] - new[None], axis=2) + np.eye(3) * 9
+    assert d.min() > 2 * 0.1 * np.sqrt(3), "dropped bodies overlap"
+    sim.step_frame()
+    r.update()
+    assert r._host_counts.sum() == 32
+    t = r.instance_transform.to_numpy()[:32, :3, 3]
+    np.testing.assert_allclose(np.sort(t[:, 1]), np.sort(sim.positions()[:, 1]), atol=1e-6)
+    sim.reset()
+    r.update()
+    assert sim.body_count == 29 and r._host_counts.sum() == 29
+
+
+@needs_vulkan
+def test_headless_recorder_writes_frames_and_video(tiny_sim, tmp_path):
+    import imageio.v2 as imageio
+
     from app.viewer import frame_callback
 
-    sim = Simulation(load_scene(TINY), verbose=False)
+    sim = tiny_sim
+    sim.reset()
     cb = frame_callback(str(tmp_path / "frames"), 2, str(tmp_path / "run.mp4"), size=(W, H))
     for f in range(5):
         sim.step_frame()

@@ -65,7 +65,7 @@ def test_keys_drive_the_viewer(xvfb, tmp_path):
     shots = tmp_path / "shots"
     log = open(tmp_path / "viewer.log", "w+")
     viewer = subprocess.Popen([sys.executable, "-m", "app.viewer", TINY, "--arch", "cpu", "--size", f"{W}x{H}",
-                               "--screenshot-dir", str(shots)], cwd=ROOT, env=env, stdout=log,
+                               "--screenshot-dir", str(shots), "--headroom", "3"], cwd=ROOT, env=env, stdout=log,
                               stderr=subprocess.STDOUT)
 
     def xdo(*args):

@@ -1,0 +1,123 @@
+"""Viewer speed: frames per second while simulating and rendering offscreen.
+
+    python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml [--frames 120] [--warmup 30]
+                               [--size 1280x720] [--color material|contacts] [--contacts] [--out DIR]
+
+Three loops over the same scene, each after `--warmup` untimed frames (kernel compilation, VLA growth):
+
+* sim: `sim.step_frame()` alone (substeps steps), synchronised: the ceiling the viewer can reach.
+* render: the viewer alone on a frozen state: instance-transform kernels + GGUI draw + frame capture.
+* sim+render: both per frame, what `--headless --render` and the window do. The goal is >= 60 fps for
+  pile_100k on the H200 (issue 4).
+
+Offscreen, a frame is finished by capturing it (GGUI's `show()` needs a visible window), so "render"
+includes reading the image back (width x height x 16 bytes); the interactive window presents instead.
+Results: a table on stdout, and viewer.json / viewer.md in --out when given.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from app.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(f"bench viewer: {message}")
+
+
+def _parser():
+    p = _Parser(prog="run.py bench viewer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--scene", default=os.path.join("scenes", "pile_100k.yaml"))
+    p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--frames", type=int, default=120, help="timed frames per loop")
+    p.add_argument("--warmup", type=int, default=30,
+                   help="untimed frames first (kernel compilation; VLA pool growth recompiles while bodies land)")
+    p.add_argument("--size", default="1280x720", help="image size WIDTHxHEIGHT")
+    p.add_argument("--color", choices=("material", "contacts"), default="material")
+    p.add_argument("--contacts", action="store_true", help="also draw contact points and normals")
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE")
+    p.add_argument("--out", default=None, help="write viewer.json and viewer.md here")
+    return p
+
+
+def _loop(fn, frames):
+    import taichi as ti
+
+    samples = []
+    t_all = time.perf_counter()
+    for _ in range(frames):
+        t0 = time.perf_counter()
+        fn()
+        ti.sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    wall = time.perf_counter() - t_all
+    return {"fps": frames / wall, "ms_median": statistics.median(samples), "ms_max": max(samples)}
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(list(argv or []))
+    if args.frames < 1 or args.warmup < 0:
+        raise UserError("bench viewer: --frames must be >= 1 and --warmup >= 0")
+    from app.scene import load_scene
+    from app.viewer import OffscreenView, parse_size, vulkan_problem
+
+    size = parse_size(args.size)
+    problem = vulkan_problem()
+    if problem:
+        raise UserError(f"bench viewer: {problem}")
+    scene = load_scene(args.scene, tuple(args.set))
+    from app.headless import ensure_taichi
+
+    arch = ensure_taichi(args.arch if args.arch != "auto" else scene.sim["arch"])
+    from app.render import SimSource
+    from app.sim import Simulation
+
+    from bench.common import device_name, markdown_table, write_results
+
+    sim = Simulation(scene, verbose=False)
+    view = OffscreenView(SimSource(sim), scene.camera, size, color_mode=args.color, show_contacts=args.contacts)
+
+    def sim_only():
+        sim.step_frame()
+
+    def render_only():
+        view.render()
+
+    def both():
+        sim.step_frame()
+        view.render()
+
+    for _ in range(args.warmup):
+        both()
+    rows = []
+    for name, fn in (("sim", sim_only), ("render", render_only), ("sim+render", both)):
+        r = _loop(fn, args.frames)
+        rows.append({"loop": name, **{k: round(v, 2) for k, v in r.items()}})
+    view.close()
+    table = markdown_table(rows, [("loop", "loop", "{}"), ("fps", "frames/s", "{:.1f}"),
+                                  ("ms_median", "median ms/frame", "{:.2f}"), ("ms_max", "max ms/frame", "{:.2f}")])
+    header = (f"viewer bench: {scene.name} ({sim.body_count} bodies, {sim.substeps} substeps/frame), {arch} on "
+              f"{device_name(arch)}, {size[0]}x{size[1]} offscreen, colour by {args.color}"
+              f"{', contacts drawn' if args.contacts else ''}; {args.frames} frames after {args.warmup} warm-up")
+    payload = {"scene": args.scene, "bodies": sim.body_count, "substeps": sim.substeps, "arch": arch,
+               "device": device_name(arch), "size": list(size), "color": args.color, "contacts": args.contacts,
+               "frames": args.frames, "warmup": args.warmup, "rows": rows,
+               "goal": "sim+render >= 60 fps for pile_100k on the H200"}
+    write_results(args.out, "viewer", payload, header + "\n\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from app.errors import UserError as _UE
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except _UE as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
