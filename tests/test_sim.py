@@ -48,12 +48,12 @@ def test_three_contact_storages_agree():
     results = {}
     for kind in ("vla", "padded", "dynamic"):
         sim = Simulation(_small_pile(kind), capacity=64)
-        for _ in range(30):  # 150 steps: the pile lands and collides
+        for _ in range(60):  # 300 steps: the pile lands and collides
             sim.step_frame()
         results[kind] = (sim.positions(), sim.orientations(), sim.contact_counts(), sim.contacts.overflowed(),
                          int(sim.contacts.contact_total[None]))
     ref = results["vla"]
-    assert ref[4] > 40, "the pile must be in contact for the comparison to mean anything"
+    assert ref[4] > 30, "the pile must be in contact for the comparison to mean anything"
     for kind in ("padded", "dynamic"):
         pos, quat, counts, overflow, total = results[kind]
         assert overflow == 0
