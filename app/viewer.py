@@ -95,6 +95,15 @@ def parse_size(text: str, what="--size"):
         raise UserError(f"{what} {text!r}: expected WIDTHxHEIGHT, at least 64x64 (e.g. 1280x720)") from None
 
 
+def _fmt_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 def _ensure_taichi(arch, scene_arch="auto"):
     from app.headless import ensure_taichi
 
@@ -524,7 +533,7 @@ class InteractiveViewer:
             g.text(f"t = {sim.sim_time:.3f} s   step {sim.step_count}")
             g.text(f"bodies {sim.body_count}   contacts {int(sim.contacts.contact_total[None])}")
             live, reserved = self._mem
-            g.text(f"{sim.contacts_kind} memory: live {live / 2**20:.2f} / reserved {reserved / 2**20:.2f} MiB")
+            g.text(f"{sim.contacts_kind} memory: live {_fmt_bytes(live)} / reserved {_fmt_bytes(reserved)}")
             if self.error:
                 g.text("exploded: press r to reset", color=(1.0, 0.4, 0.3))
             self.show_contacts = g.checkbox("contact points (c)", self.show_contacts)
@@ -740,7 +749,8 @@ class ReplayViewer:
             canvas.set_background_color(BACKGROUND)
             renderer.draw(scene, camera)
             canvas.scene(scene)
-            with gui.sub_window("replay", 0.01, 0.01, 0.3, 0.3) as g:
+            with gui.sub_window("replay", 0.01, 0.01, min(0.5, 360.0 / self.size[0]),
+                                min(0.9, 200.0 / self.size[1])) as g:
                 if g.button("pause (space)" if self.playing else "play (space)"):
                     self.playing = not self.playing
                 g.text(f"t = {times[self.frame]:.3f} s   frame {self.frame} / {last}")

@@ -208,6 +208,31 @@ def test_drop_bodies_live(tiny_sim):
 
 
 @needs_vulkan
+def test_contact_glyphs_and_contact_colours(tiny_sim):
+    """After the first bodies land: one glyph per contact point (a pair counted once, as contact_total
+    counts), on the floor for floor contacts; contact-count buckets match the simulation's per-body counts."""
+    from app.render import Renderer, SimSource
+
+    sim = tiny_sim
+    sim.reset()
+    for _ in range(24):   # the big sphere and box land after about 0.3 s (19 frames of 16 ms)
+        sim.step_frame()
+    total = int(sim.contacts.contact_total[None])
+    assert total > 0
+    r = Renderer(SimSource(sim), color_mode="contacts", show_contacts=True)
+    r.update()
+    assert r.contact_glyphs == total
+    pts = r.glyph_point.to_numpy()[:total]
+    assert (pts[:, 1] > -0.01).all() and (np.abs(pts[:, [0, 2]]) < 1.01).all(), "contacts outside the container"
+    counts = np.minimum(sim.contact_counts(), 6)
+    shape = sim.shapes()["shape"]
+    B = rm.COLOR_BUCKETS
+    expect = np.zeros(2 * B, int)
+    np.add.at(expect, shape * B + counts, 1)
+    np.testing.assert_array_equal(r._host_counts, expect)
+
+
+@needs_vulkan
 def test_headless_recorder_writes_frames_and_video(tiny_sim, tmp_path):
     import imageio.v2 as imageio
 

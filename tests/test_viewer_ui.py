@@ -124,6 +124,15 @@ def test_keys_drive_the_viewer(xvfb, tmp_path):
         assert img[..., :3].std() > 15
         assert len({tuple(p) for p in img[::8, ::8, :3].reshape(-1, 3)}) > 50, "too few colours: blank window?"
 
+        # c shows contact points, m colours by contact count; running again after space
+        key("c")
+        key("m")
+        key("space")
+        time.sleep(1.0)
+        s5 = shot(5)
+        assert s5["show_contacts"] is True and s5["color_mode"] == "contacts" and s5["paused"] is False
+        assert s5["step"] > 0
+
         # Esc quits cleanly
         key("Escape")
         _wait(lambda: viewer.poll() is not None, ACTION_TIMEOUT_S, "the viewer to exit on Esc")
