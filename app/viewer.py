@@ -67,6 +67,18 @@ def vulkan_problem() -> str | None:
     return None
 
 
+def vulkan_icds() -> list:
+    """Vulkan driver manifests visible to the loader (file names): tells lavapipe (lvp_icd, a CPU rasteriser)
+    from a GPU driver (nvidia_icd, ...) when reading benchmark figures."""
+    listed = [p for var in ("VK_ICD_FILENAMES", "VK_DRIVER_FILES") for p in os.environ.get(var, "").split(":") if p]
+    if listed:
+        return [os.path.basename(p) for p in listed if os.path.isfile(p)]
+    found = []
+    for d in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d"):
+        found += sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "*.json")))
+    return found
+
+
 def open_window(title: str, size, show_window: bool):
     """A GGUI window (show_window=False: offscreen). Raises UserError naming the package when Vulkan is
     missing instead of GGUI's traceback."""

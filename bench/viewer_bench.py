@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     if args.frames < 1 or args.warmup < 0:
         raise UserError("bench viewer: --frames must be >= 1 and --warmup >= 0")
     from app.scene import load_scene
-    from app.viewer import OffscreenView, parse_size, vulkan_problem
+    from app.viewer import OffscreenView, parse_size, vulkan_icds, vulkan_problem
 
     size = parse_size(args.size)
     problem = vulkan_problem()
@@ -102,10 +102,11 @@ def main(argv=None) -> int:
                                   ("ms_median", "median ms/frame", "{:.2f}"), ("ms_max", "max ms/frame", "{:.2f}")])
     header = (f"viewer bench: {scene.name} ({sim.body_count} bodies, {sim.substeps} substeps/frame), {arch} on "
               f"{device_name(arch)}, {size[0]}x{size[1]} offscreen, colour by {args.color}"
-              f"{', contacts drawn' if args.contacts else ''}; {args.frames} frames after {args.warmup} warm-up")
+              f"{', contacts drawn' if args.contacts else ''}; {args.frames} frames after {args.warmup} warm-up; "
+              f"Vulkan drivers: {', '.join(vulkan_icds()) or 'none found'} (lvp = lavapipe, CPU rasteriser)")
     payload = {"scene": args.scene, "bodies": sim.body_count, "substeps": sim.substeps, "arch": arch,
                "device": device_name(arch), "size": list(size), "color": args.color, "contacts": args.contacts,
-               "frames": args.frames, "warmup": args.warmup, "rows": rows,
+               "frames": args.frames, "warmup": args.warmup, "rows": rows, "vulkan_icds": vulkan_icds(),
                "goal": "sim+render >= 60 fps for pile_100k on the H200"}
     write_results(args.out, "viewer", payload, header + "\n\n" + table)
     return 0

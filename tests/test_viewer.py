@@ -316,3 +316,15 @@ def test_no_display_runs_headless_and_writes_preview(tmp_path):
 
     img = imageio.imread(out / "preview.png")
     assert img.shape == (576, 1024, 3) and img.std() > 10
+
+
+@needs_vulkan
+def test_cli_headless_render_and_video(tmp_path):
+    """`run.py SCENE --headless --render DIR --render-every K --video F` through the real command line."""
+    r = _run([TINY, "--headless", "--frames", "4", "--arch", "cpu", "--out", str(tmp_path / "o"),
+              "--render", str(tmp_path / "f"), "--render-every", "2", "--video", str(tmp_path / "v.mp4")], {})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path / "f")) == ["frame_00000.png", "frame_00001.png"]
+    assert (tmp_path / "v.mp4").stat().st_size > 1000
+    bad = _run([TINY, "--headless", "--frames", "1", "--render", str(tmp_path / "g"), "--render-every", "0"], {})
+    assert bad.returncode == 2 and "--render-every" in bad.stderr and "Traceback" not in bad.stderr
