@@ -24,7 +24,9 @@ LOG_TAIL_CHARS = 20_000
 def headless_argv(spec: RunSpec, frames: int, arch: str, record: bool, out_dir: str, scene_path: str | None = None) -> list[str]:
     """The command of one run: ``python run.py SCENE --headless --frames N --out TMP --arch A [--record]
     [--set k=v ...]`` (issue 3's headless interface, one ``--set`` per override)."""
-    argv = [sys.executable, str(RUN_PY), scene_path or spec.scene_path, "--headless", "--frames", str(frames),
+    # The scene as the user wrote it (workers share the batch's working directory), so messages name it
+    # the same way; Ray tasks pass their own path.
+    argv = [sys.executable, str(RUN_PY), scene_path or spec.scene, "--headless", "--frames", str(frames),
             "--out", str(out_dir), "--arch", arch]
     if record:
         argv.append("--record")
