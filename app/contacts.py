@@ -64,11 +64,13 @@ class PaddedLists:
             ti.field(dtype, shape=(self.num_arrays, self.max_length))
         self.count = ti.field(ti.i32, self.num_arrays)
         self.overflow_count = ti.field(ti.i32, ())   # appends dropped since creation (cumulative)
+        self.limit = ti.field(ti.i32, ())            # runtime maximum <= max_length (lower it without reallocating)
+        self.limit[None] = self.max_length
 
     @ti.func
     def append(self, i, x):
         slot = ti.atomic_add(self.count[i], 1)
-        if slot < self.max_length:
+        if slot < self.limit[None]:
             self.data[i, slot] = x
         else:
             ti.atomic_add(self.overflow_count[None], 1)
@@ -76,7 +78,7 @@ class PaddedLists:
 
     @ti.func
     def length(self, i):
-        return ti.min(self.count[i], self.max_length)
+        return ti.min(self.count[i], self.limit[None])
 
     @ti.func
     def get(self, i, k):
@@ -97,7 +99,7 @@ class PaddedLists:
         self.count.fill(0)
 
     def lengths(self) -> np.ndarray:
-        return np.minimum(self.count.to_numpy(), self.max_length).astype(np.int32)
+        return np.minimum(self.count.to_numpy(), int(self.limit[None])).astype(np.int32)
 
     def overflowed(self) -> int:
         return int(self.overflow_count[None])
@@ -132,11 +134,13 @@ class DynamicLists:
         self.block.place(self.data)
         self.count = ti.field(ti.i32, self.num_arrays)
         self.overflow_count = ti.field(ti.i32, ())
+        self.limit = ti.field(ti.i32, ())
+        self.limit[None] = self.max_length
 
     @ti.func
     def append(self, i, x):
         slot = ti.atomic_add(self.count[i], 1)
-        if slot < self.max_length:
+        if slot < self.limit[None]:
             self.data[i, slot] = x
         else:
             ti.atomic_add(self.overflow_count[None], 1)
@@ -144,7 +148,7 @@ class DynamicLists:
 
     @ti.func
     def length(self, i):
-        return ti.min(self.count[i], self.max_length)
+        return ti.min(self.count[i], self.limit[None])
 
     @ti.func
     def get(self, i, k):
@@ -167,7 +171,7 @@ class DynamicLists:
         _k_clear_lists(self, 0, self.num_arrays)
 
     def lengths(self) -> np.ndarray:
-        return np.minimum(self.count.to_numpy(), self.max_length).astype(np.int32)
+        return np.minimum(self.count.to_numpy(), int(self.limit[None])).astype(np.int32)
 
     def overflowed(self) -> int:
         return int(self.overflow_count[None])
@@ -244,6 +248,11 @@ class ContactSet:
         self.generation = 1 - self.generation
         _k_clear_lists(self.lists, self.base, self.base + body_count)
         self.contact_total[None] = 0
+
+    def set_limit(self, max_per_body: int):
+        """Padded/dynamic: the per-body maximum in use (<= the allocated one); no effect on a VLA."""
+        if hasattr(self.lists, "limit"):
+            self.lists.limit[None] = min(int(max_per_body), self.lists.max_length)
 
     def reset(self):
         _k_clear_lists(self.lists, 0, 2 * self.body_capacity)

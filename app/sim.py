@@ -73,7 +73,7 @@ class Simulation:
         self.capacity = int(capacity)
         self.model = Model(self.capacity)
         self.state = State(self.capacity)
-        max_per_body = int(scene.sim["padded_capacity"])
+        max_per_body = int(self._padded)
         self.contacts = ContactSet(self.contacts_kind, self.capacity, max_per_body=max_per_body)
         self.solver = JacobiSolver(self.model, scene.sim["solver_iterations"])
         self.grid = Grid(self.capacity)
@@ -82,9 +82,10 @@ class Simulation:
 
     def load(self, scene: Scene):
         """(Re)load a scene into the existing fields when it fits (no recompilation), else reallocate."""
-        if not self.model.fits(scene) or scene.sim["padded_capacity"] != self._padded:
-            self._allocate(_round_capacity(scene.body_count), scene)
-        self._padded = scene.sim["padded_capacity"]
+        if not self.model.fits(scene) or scene.sim["padded_capacity"] > self._padded:
+            self._padded = max(self._padded, scene.sim["padded_capacity"])
+            self._allocate(max(self.capacity, _round_capacity(scene.body_count)), scene)
+        self.contacts.set_limit(scene.sim["padded_capacity"])
         self.scene = scene
         sim = scene.resolved_sim()
         self.dt = float(sim["dt"])
