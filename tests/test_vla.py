@@ -362,6 +362,26 @@ def test_growth_keeps_compiled_kernels_valid():
     np.testing.assert_array_equal(out.to_numpy(), [sum(range(i, 2400, 8)) for i in range(8)])
 
 
+def test_repeated_growth_compiles_nothing_new():
+    """Growth (pool re-layout, tree replacement) reuses the kernels it compiled the first time, whatever
+    the dtype: a simulation whose contact lists grow must not stall on compiles."""
+    v = VLA(16, Contact, inline_capacity=1, chunk_size=2, overflow_capacity=8, name="growc")
+    runtime = ti.lang.impl.get_runtime()
+    launch(k_struct_fill, v, 100)
+    v.clear_all()
+    launch(k_struct_fill, v, 400)
+    compiled = runtime.get_num_compiled_functions()
+    grows = v.stats()["grow_events"]
+    for n in (1600, 6400):
+        v.clear_all()
+        launch(k_struct_fill, v, n)
+    assert v.stats()["grow_events"] > grows
+    assert v.stats()["recompile_events"] == 0
+    assert runtime.get_num_compiled_functions() == compiled
+    offsets, vals = v.to_csr()
+    assert sorted(vals["other"][offsets[5]:offsets[6]].tolist()) == list(range(5, 6400, 16))
+
+
 def test_tune_minimises_reserved_bytes():
     lens = np.full(1000, 3)
     t = VLA.tune(lens)

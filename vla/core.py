@@ -112,20 +112,6 @@ def _inline_leaf(v, path):
 # Internal kernels (free functions; ``v`` is the VLA, compiled once per VLA instance)
 # ----------------------------------------------------------------------------------------------------
 @ti.kernel
-def _k_field_leaf_to_nd(v: ti.template(), attr: ti.template(), path: ti.template(), out: _nd, n: ti.i32):
-    f = ti.static(_leaf_field(getattr(v, attr), path))
-    for j in range(n):
-        out[j] = f[j]
-
-
-@ti.kernel
-def _k_nd_to_field_leaf(v: ti.template(), attr: ti.template(), path: ti.template(), src: _nd, n: ti.i32):
-    f = ti.static(_leaf_field(getattr(v, attr), path))
-    for j in range(n):
-        f[j] = src[j]
-
-
-@ti.kernel
 def _k_lengths_to_nd(v: ti.template(), out: _i32_nd):
     for i in range(v.num_arrays):
         out[i] = v.length_field[i]
@@ -166,16 +152,20 @@ def _k_target_trim(v: ti.template(), target: _i32_nd):
 
 
 @ti.kernel
-def _k_relayout_leaf(
-    v: ti.template(), path: ti.template(), n_old: ti.i32, target: _i32_nd, new_start: _i32_nd, out: _nd
-):
-    """Copy every list's first target[i] chunks to their place in the new layout (list order)."""
-    f = ti.static(_leaf_field(v.pool, path))
+def _k_relayout_to_tmp(v: ti.template(), n_old: ti.i32, target: _i32_nd, new_start: _i32_nd):
+    """Copy every list's first target[i] chunks to their place in the new layout (list order), whole
+    elements at a time: one kernel whatever the dtype, so a growth compiles nothing new."""
     for t, j in ti.ndrange(n_old, v.chunk_size):
         o = v.table_owner[t]
         r = t - v.table_start[o]
         if r < target[o]:
-            out[((new_start[o] + r) << v._chunk_shift) + j] = f[(t << v._chunk_shift) + j]
+            v.relayout_tmp[((new_start[o] + r) << v._chunk_shift) + j] = v.pool[(t << v._chunk_shift) + j]
+
+
+@ti.kernel
+def _k_tmp_to_pool(v: ti.template(), n: ti.i32):
+    for e in range(n):
+        v.pool[e] = v.relayout_tmp[e]
 
 
 @ti.kernel
@@ -306,7 +296,7 @@ class VLA:
         # Growable tier: one field per SNode tree so a tree can be replaced without moving the others.
         self._trees = {}
         self._caps = {}
-        self.pool = self.table_owner = self.ovf_value = self.ovf_meta = None
+        self.pool = self.table_owner = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
         self._bump = 0              # chunks owned by lists: [0, bump), in list order
         self.grow_events = 0
         self.overflow_events = 0
@@ -335,6 +325,7 @@ class VLA:
         self._default_ovf = ovf
         self._alloc("ovf_value", dtype, ovf)
         self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
+        self._alloc("relayout_tmp", dtype, 1)  # staging for re-layouts; its own tree, so its id is stable
         self._scalars[1] = ovf
         self._scanner = Scanner(n + 1)
         self._scratch = {}
@@ -537,8 +528,8 @@ class VLA:
         self.overflow_events += 1
         if n_ovf > ovf_cap:
             new_cap = int(math.ceil(n_ovf * 1.2))
-            self._regrow("ovf_value", self.dtype, new_cap, 0)
-            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap, 0)
+            self._regrow("ovf_value", self.dtype, new_cap)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap)
             self._scalars[1] = new_cap
             raise VLAOverflowError(
                 f"VLA {self.name!r}: a kernel appended {n_ovf} elements beyond the lists' reserved chunks, but "
@@ -557,8 +548,8 @@ class VLA:
         _k_target_trim(self, target)
         self._relayout(target, shrink=True)
         if self._caps["ovf_value"] > self._default_ovf:
-            self._regrow("ovf_value", self.dtype, self._default_ovf, 0)
-            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf, 0)
+            self._regrow("ovf_value", self.dtype, self._default_ovf)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf)
             self._scalars[1] = self._default_ovf
 
     def lengths(self) -> np.ndarray:
@@ -745,14 +736,8 @@ class VLA:
         self._caps[attr] = length
         return tree
 
-    def _regrow(self, attr, dtype, new_len, keep_len):
-        """Replace tree ``attr`` with one of ``new_len`` entries, keeping its first ``keep_len``."""
-        saved = []
-        if keep_len:
-            for path, ldt in _leaves(dtype):
-                nd = ti.ndarray(ldt, shape=keep_len)
-                _k_field_leaf_to_nd(self, attr, path, nd, keep_len)
-                saved.append((path, nd))
+    def _regrow(self, attr, dtype, new_len):
+        """Replace tree ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
         # Finalise pending ti.root fields now, so they cannot take the id we are about to free.
         impl.get_runtime().materialize()
         old_id = self._trees[attr].id
@@ -761,8 +746,6 @@ class VLA:
         if tree.id != old_id or self._debug:
             impl.get_runtime().clear_compiled_functions()
             self.recompile_events += 1
-        for path, nd in saved:
-            _k_nd_to_field_leaf(self, attr, path, nd, keep_len)
 
     def _reserve_for(self, lengths_np):
         demand = self._scratch_nd("demand", self.num_arrays)
@@ -792,22 +775,19 @@ class VLA:
         total = int(new_start[n])
         n_old = self._bump
         cs = self.chunk_size
-        moved = []
-        for path, ldt in self._leaves:
-            out = ti.ndarray(ldt, shape=max(1, total * cs))
-            if n_old and total:
-                _k_relayout_leaf(self, path, n_old, target, new_start, out)
-            moved.append((path, out))
+        if n_old and total:
+            self._regrow("relayout_tmp", self.dtype, total * cs)
+            _k_relayout_to_tmp(self, n_old, target, new_start)
         cap = self._caps["pool_chunks"]
         if total > cap or (shrink and total < cap):
             # Grow with ~20% headroom over the demand seen, so the next growth is rare; trim fits exactly.
             cap = max(1, total if shrink else int(math.ceil(total * 1.2)))
-            self._regrow("pool", self.dtype, cap * cs, 0)
-            self._regrow("table_owner", ti.i32, cap, 0)
+            self._regrow("pool", self.dtype, cap * cs)
+            self._regrow("table_owner", ti.i32, cap)
             self._caps["pool_chunks"] = cap
-        if total:
-            for path, out in moved:
-                _k_nd_to_field_leaf(self, "pool", path, out, total * cs)
+        if n_old and total:
+            _k_tmp_to_pool(self, total * cs)
+            self._regrow("relayout_tmp", self.dtype, 1)
         _k_relayout_table(self, new_start)
         self._bump = total
         self._scalars[2] = total
