@@ -103,6 +103,14 @@ def _leaf_field(field, path):
     return field
 
 
+def _bucket(n) -> int:
+    """Smallest size of the series 2^(k/4) that is >= n: headroom of 10-30% over the 10% the callers add,
+    and few distinct sizes, so that Taichi's offline kernel cache (whose key includes field shapes) hits
+    across runs whose demands differ a little (other seeds, other scenes)."""
+    k = math.ceil(4 * math.log2(max(1.0, n)))
+    return int(math.ceil(2 ** (k / 4)))
+
+
 def _inline_leaf(v, path):
     """The inline tier's member field at ``path`` (the pool's when there is no inline tier; unused then)."""
     return _leaf_field(v.inline if v.inline is not None else v.pool, path)
@@ -527,7 +535,7 @@ class VLA:
         self._scalars[0] = 0
         self.overflow_events += 1
         if n_ovf > ovf_cap:
-            new_cap = int(math.ceil(n_ovf * 1.2))
+            new_cap = _bucket(n_ovf * 1.1)
             self._regrow("ovf_value", self.dtype, new_cap)
             self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap)
             self._scalars[1] = new_cap
@@ -781,7 +789,7 @@ class VLA:
         cap = self._caps["pool_chunks"]
         if total > cap or (shrink and total < cap):
             # Grow with ~20% headroom over the demand seen, so the next growth is rare; trim fits exactly.
-            cap = max(1, total if shrink else int(math.ceil(total * 1.2)))
+            cap = max(1, total if shrink else _bucket(total * 1.1))
             self._regrow("pool", self.dtype, cap * cs)
             self._regrow("table_owner", ti.i32, cap)
             self._caps["pool_chunks"] = cap
