@@ -352,13 +352,17 @@ def test_trim_releases_and_keeps_contents():
 
 
 def test_growth_keeps_compiled_kernels_valid():
-    """Growing the pool replaces its SNode tree; a kernel compiled before must see the new storage."""
+    """Growing the pool replaces its SNode tree; a kernel compiled before must be reused as it is (not
+    recompiled) and see the new storage."""
     v = VLA(8, ti.i32, inline_capacity=1, chunk_size=2, name="grow")
     out = ti.ndarray(ti.i32, shape=8)
     k_read_all(v, out)  # compile against the initial tiny pool
+    compiled = dict(k_read_all._primal.compiled_kernels)
     launch(k_fill_mod, v, 8 * 300)
-    assert v.stats()["grow_events"] >= 1
+    assert v.stats()["grow_events"] >= 1 and v.stats()["recompile_events"] == 0
     k_read_all(v, out)
+    after = k_read_all._primal.compiled_kernels
+    assert list(after) == list(compiled) and all(after[k] is compiled[k] for k in compiled)
     np.testing.assert_array_equal(out.to_numpy(), [sum(range(i, 2400, 8)) for i in range(8)])
 
 
@@ -372,12 +376,14 @@ def test_repeated_growth_compiles_nothing_new():
         launch(k_struct_fill, v, n)
     grows = v.stats()["grow_events"]
     compiled = runtime.get_num_compiled_functions()
+    fill_kernel = dict(k_struct_fill._primal.compiled_kernels)
     for n in (6400, 25600):
         v.clear_all()
         launch(k_struct_fill, v, n)
     assert v.stats()["grow_events"] > grows
     assert v.stats()["recompile_events"] == 0
     assert runtime.get_num_compiled_functions() == compiled
+    assert all(k_struct_fill._primal.compiled_kernels[k] is fill_kernel[k] for k in fill_kernel)
     offsets, vals = v.to_csr()
     assert sorted(vals["other"][offsets[5]:offsets[6]].tolist()) == list(range(5, 25600, 16))
 

@@ -708,7 +708,7 @@ class VLA:
                 "live_bytes": int(live), "ratio": float(reserved / live) if live else float("inf")}
 
     def release(self):
-        """Free the device memory now (the VLA is unusable afterwards)."""
+        """Free the device memory now (the VLA is unusable afterwards; Taichi drops compiled kernels)."""
         for tree in self._trees.values():
             tree.destroy()
         self._trees = {}
@@ -747,12 +747,17 @@ class VLA:
     def _regrow(self, attr, dtype, new_len):
         """Replace tree ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
         # Finalise pending ti.root fields now, so they cannot take the id we are about to free.
-        impl.get_runtime().materialize()
-        old_id = self._trees[attr].id
-        self._trees[attr].destroy()
+        runtime = impl.get_runtime()
+        runtime.materialize()
+        old = self._trees[attr]
+        old_id = old.id
+        # SNodeTree.destroy() also drops every compiled kernel of the program (Taichi cannot know that
+        # the next tree will take the same id and layout). We free the tree itself and decide below.
+        old.ptr.destroy_snode_tree(runtime.prog)
+        old.destroyed = True
         tree = self._alloc(attr, dtype, new_len)
         if tree.id != old_id or self._debug:
-            impl.get_runtime().clear_compiled_functions()
+            runtime.clear_compiled_functions()
             self.recompile_events += 1
 
     def _reserve_for(self, lengths_np):
