@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Every GPU figure in docs/benchmarks.md comes from this one script, run on the H200 machine:
+#   bash bench/gpu_suite.sh OUT_DIR
+# Each step is time-boxed so one slow step cannot take the others down.
+out=${1:?usage: bench/gpu_suite.sh OUT_DIR}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "== VLA tests on CUDA"
+SMOLVLA_TEST_ARCH=cuda timeout 130 python -m pytest tests/test_vla.py -q -x -p no:cacheprovider \
+    -k "not random_operation" 2>&1 | tail -2
+echo "== bench vla"
+timeout 110 python run.py bench vla --arch cuda --dists heavy,uniform1024 --repeats 10 --out "$out" 2>&1 | grep -v Warning | tail -12
+echo "== bench sim"
+timeout 190 python run.py bench sim --arch cuda --warmup 200 --steps 50 --out "$out" 2>&1 | tail -12
+echo "== bench viewer"
+timeout 70 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml --frames 60 --warmup 10 --out "$out" 2>&1 | tail -8
+echo "== bench batch"
+timeout 90 python run.py bench batch --arch cuda --scene scenes/default.yaml --runs 2 --frames 30 --workers 1,2 \
+    --json "$out/batch.json" 2>&1 | tail -8
