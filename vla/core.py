@@ -54,6 +54,12 @@ _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 # Every live VLA, so that launch() can find the ones a kernel touched when its arguments do not say.
 _LIVE: "weakref.WeakSet[VLA]" = weakref.WeakSet()
 
+# Scratch ndarrays of VLAs that outlived their Taichi program (ti.reset / a new ti.init). Taichi's
+# Ndarray.__del__ frees its memory through the *current* program, so letting them die under a newer
+# program would free that program's memory instead (seen as wrong results and segfaults). They are
+# kept here, inert, until the interpreter exits.
+_GRAVEYARD: list = []
+
 
 # ----------------------------------------------------------------------------------------------------
 # dtype helpers
@@ -337,6 +343,7 @@ class VLA:
         self._scalars[1] = ovf
         self._scanner = Scanner(n + 1)
         self._scratch = {}
+        self._prog = impl.get_runtime().prog
         _LIVE.add(self)
         if reserve_lengths is not None:
             self._reserve_for(reserve_lengths.astype(np.int32))
@@ -522,6 +529,7 @@ class VLA:
         Costs one scalar read when nothing overflowed. Raises VLAOverflowError (after growing to the
         demand) if the overflow area could not hold all overflowed elements.
         """
+        self._check_program()
         n_ovf = int(self._scalars[0])
         if n_ovf == 0:
             return
@@ -707,6 +715,18 @@ class VLA:
         return {"inline_capacity": int(ic), "chunk_size": int(cs), "reserved_bytes": int(reserved),
                 "live_bytes": int(live), "ratio": float(reserved / live) if live else float("inf")}
 
+    def __del__(self):
+        try:
+            if impl.get_runtime().prog is not self._prog:
+                _GRAVEYARD.append((self._scratch, self._scanner))
+        except Exception:  # interpreter shutdown: nothing to protect any more
+            pass
+
+    def _check_program(self):
+        if impl.get_runtime().prog is not self._prog:
+            raise RuntimeError(f"VLA {self.name!r} belongs to a Taichi program that ti.init()/ti.reset() has "
+                               f"ended; create the VLA again after ti.init()")
+
     def release(self):
         """Free the device memory now (the VLA is unusable afterwards; Taichi drops compiled kernels)."""
         for tree in self._trees.values():
@@ -869,7 +889,8 @@ def launch(fn, *args, vlas=None, max_retries=8):
         found = {}
         for a in args:
             _find_vlas(a, found)
-        vlas = list(found.values()) or list(_LIVE)
+        prog = impl.get_runtime().prog
+        vlas = list(found.values()) or [v for v in _LIVE if v._prog is prog]
     vlas = list(vlas)
     snaps = []
     for v in vlas:

@@ -1,0 +1,19 @@
+"""Shared test setup.
+
+Every test module runs its own Taichi program (one ti.init per module). Objects of an earlier program
+that sit in reference cycles are freed whenever Python's cycle collector happens to run, and Taichi's
+destructors (e.g. Ndarray.__del__) free through whichever program is current, so an old program's
+garbage collected during a later module corrupts that module's memory (seen as wrong filter results
+and segfaults, depending on collector timing). Collecting garbage at every module boundary frees each
+program's objects under their own program.
+"""
+import gc
+
+import pytest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_garbage_at_module_boundaries():
+    gc.collect()
+    yield
+    gc.collect()
