@@ -352,7 +352,8 @@ class VLA:
     @ti.func
     def append(self, i, x):
         """Append x to list i (thread-safe). Returns x's index in list i."""
-        assert i >= 0 and i < self.num_arrays, "VLA.append: list index out of range"
+        if ti.static(self._debug):  # a bare assert costs ~6x on get-heavy loops even with debug off
+            assert i >= 0 and i < self.num_arrays, "VLA.append: list index out of range"
         # The chunk-table bounds are loaded before the atomic so their latency overlaps the atomic's:
         # on a GPU a thread appending many elements is bound by this dependency chain, not bandwidth.
         t_begin = self.table_start[i]
@@ -375,7 +376,8 @@ class VLA:
     @ti.func
     def get(self, i, k):
         """Element k of list i (0 <= k < length(i)); O(1), no chain walk."""
-        assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.get: index out of range"
+        if ti.static(self._debug):
+            assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.get: index out of range"
         r = self._zero()
         if ti.static(self.inline_capacity > 0):
             if k < self.inline_capacity:
@@ -430,7 +432,8 @@ class VLA:
     @ti.func
     def set(self, i, k, x):
         """Overwrite element k (< length(i)) of list i."""
-        assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.set: index out of range"
+        if ti.static(self._debug):
+            assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.set: index out of range"
         if ti.static(self.inline_capacity > 0):
             if k < self.inline_capacity:
                 self.inline[k, i] = x
