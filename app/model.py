@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from app.scene import SHAPE_BOX, SHAPE_SPHERE, Scene, body_bounding_radius
+from app.scene import SHAPE_SPHERE, Scene, body_bounding_radius
 
 vec3 = ti.types.vector(3, ti.f32)
 vec4 = ti.types.vector(4, ti.f32)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import taichi as ti
 
 from app.broadphase import Grid
 from app.contacts import ContactSet
@@ -24,7 +23,7 @@ from app.errors import UserError
 from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
 from app.model import Model
 from app.narrowphase import kernel_narrowphase
-from app.scene import SHAPE_SPHERE, Scene, body_bounding_radius
+from app.scene import Scene
 from app.solver import JacobiSolver
 from app.state import State
 

@@ -11,7 +11,6 @@ Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), u
 uniform 0-1024. All stores must give identical per-list sums (checked every run).
 """
 import argparse
-import math
 
 import numpy as np
 import taichi as ti

@@ -19,7 +19,7 @@ import pytest
 
 from app import batch
 from app.batch_plan import expand_runs, load_sweep, make_run_id, parse_seeds, parse_set, split_values
-from app.batch_store import BatchDir, metrics_summary
+from app.batch_store import metrics_summary
 from app.batch_worker import describe_exit
 from app.errors import UserError
 
