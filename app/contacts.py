@@ -48,20 +48,17 @@ def _dtype_bytes(dtype) -> int:
 
 
 @ti.data_oriented
-class PaddedLists:
-    """``num_arrays`` lists of at most ``max_length`` elements each: data[num_arrays, max_length] and an atomic
-    counter per list. Memory is num_arrays * max_length * element bytes whatever the lists hold."""
+class _CountedLists:
+    """What the padded and dynamic storages share: an atomic counter per list, a runtime maximum
+    (``limit``, lowered without reallocating) and a count of appends dropped past it. Subclasses place
+    ``data`` (indexed [list, slot]) and may extend ``clear``."""
 
-    kind = "padded"
-
-    def __init__(self, num_arrays: int, dtype, max_length: int, name="padded"):
+    def _init_counters(self, num_arrays: int, dtype, max_length: int, name: str):
         self.num_arrays = int(num_arrays)
         self.max_length = int(max_length)
         self.dtype = dtype
         self.name = name
         self.element_bytes = _dtype_bytes(dtype)
-        self.data = dtype.field(shape=(self.num_arrays, self.max_length)) if dtype is ContactRecord else \
-            ti.field(dtype, shape=(self.num_arrays, self.max_length))
         self.count = ti.field(ti.i32, self.num_arrays)
         self.overflow_count = ti.field(ti.i32, ())   # appends dropped since creation (cumulative)
         self.limit = ti.field(ti.i32, ())            # runtime maximum <= max_length (lower it without reallocating)
@@ -88,21 +85,34 @@ class PaddedLists:
     def set(self, i, k, x):
         self.data[i, k] = x
 
-    @ti.func
-    def clear(self, i):
-        self.count[i] = 0
-
     def commit(self):
         pass
-
-    def clear_all(self):
-        self.count.fill(0)
 
     def lengths(self) -> np.ndarray:
         return np.minimum(self.count.to_numpy(), int(self.limit[None])).astype(np.int32)
 
     def overflowed(self) -> int:
         return int(self.overflow_count[None])
+
+
+@ti.data_oriented
+class PaddedLists(_CountedLists):
+    """``num_arrays`` lists of at most ``max_length`` elements each: data[num_arrays, max_length] and an atomic
+    counter per list. Memory is num_arrays * max_length * element bytes whatever the lists hold."""
+
+    kind = "padded"
+
+    def __init__(self, num_arrays: int, dtype, max_length: int, name="padded"):
+        self._init_counters(num_arrays, dtype, max_length, name)
+        self.data = dtype.field(shape=(self.num_arrays, self.max_length)) if dtype is ContactRecord else \
+            ti.field(dtype, shape=(self.num_arrays, self.max_length))
+
+    @ti.func
+    def clear(self, i):
+        self.count[i] = 0
+
+    def clear_all(self):
+        self.count.fill(0)
 
     def stats(self) -> dict:
         live = int(self.lengths().sum())
@@ -114,7 +124,7 @@ class PaddedLists:
 
 
 @ti.data_oriented
-class DynamicLists:
+class DynamicLists(_CountedLists):
     """Lists in a Taichi ``dynamic`` SNode under a dense axis: each list's memory is allocated in chunks of
     ``chunk_size`` as it grows, up to ``max_length``. Our own atomic counter gives the slot (Taichi's
     ``ti.append`` handles only a single scalar field) and counts writes past the maximum, which the
@@ -123,40 +133,11 @@ class DynamicLists:
     kind = "dynamic"
 
     def __init__(self, num_arrays: int, dtype, max_length: int, chunk_size: int = 8, name="dynamic"):
-        self.num_arrays = int(num_arrays)
-        self.max_length = int(max_length)
         self.chunk_size = int(chunk_size)
-        self.dtype = dtype
-        self.name = name
-        self.element_bytes = _dtype_bytes(dtype)
+        self._init_counters(num_arrays, dtype, max_length, name)
         self.data = dtype.field() if dtype is ContactRecord else ti.field(dtype)
         self.block = ti.root.dense(ti.i, self.num_arrays).dynamic(ti.j, self.max_length, chunk_size=self.chunk_size)
         self.block.place(self.data)
-        self.count = ti.field(ti.i32, self.num_arrays)
-        self.overflow_count = ti.field(ti.i32, ())
-        self.limit = ti.field(ti.i32, ())
-        self.limit[None] = self.max_length
-
-    @ti.func
-    def append(self, i, x):
-        slot = ti.atomic_add(self.count[i], 1)
-        if slot < self.limit[None]:
-            self.data[i, slot] = x
-        else:
-            ti.atomic_add(self.overflow_count[None], 1)
-        return slot
-
-    @ti.func
-    def length(self, i):
-        return ti.min(self.count[i], self.limit[None])
-
-    @ti.func
-    def get(self, i, k):
-        return self.data[i, k]
-
-    @ti.func
-    def set(self, i, k, x):
-        self.data[i, k] = x
 
     @ti.func
     def clear(self, i):
@@ -164,17 +145,8 @@ class DynamicLists:
         ti.deactivate(self.block, ti.cast(i, ti.i32))
         self.count[i] = 0
 
-    def commit(self):
-        pass
-
     def clear_all(self):
         _k_clear_lists(self, 0, self.num_arrays)
-
-    def lengths(self) -> np.ndarray:
-        return np.minimum(self.count.to_numpy(), int(self.limit[None])).astype(np.int32)
-
-    def overflowed(self) -> int:
-        return int(self.overflow_count[None])
 
     def stats(self) -> dict:
         lengths = self.lengths()
