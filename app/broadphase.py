@@ -63,8 +63,13 @@ class Grid:
         """Rebuild the cell lists from the current positions (through vla.launch: no body is ever lost)."""
         from vla import launch
 
+        launch(self.rebuild, model, state, vlas=[self.cells])
+
+    def rebuild(self, model, state):
+        """Empty the cells and insert every body. Idempotent apart from its appends, so a caller may run it
+        inside its own vla.launch together with kernels that read the cells (one host sync for both)."""
         self.cells.clear_all()
-        launch(kernel_grid_insert, model, state, self.cells, self.table_size, vlas=[self.cells])
+        kernel_grid_insert(model, state, self.cells, self.table_size)
 
     def stats(self) -> dict:
         s = dict(self.cells.stats())

@@ -172,9 +172,10 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, reserve_per_l
     if kind == "vla":
         from vla import VLA
         # Most bodies have a handful of contacts: keep 4 inline (a sphere on a floor, a box face on the floor)
-        # and the rest in 8-element chunks. Every list is pre-assigned room for `reserve_per_list` contacts:
-        # without it a settling pile finds a new longest list almost every step, and each find costs a
-        # commit with pool growth (measured: 1070 growths in 1920 steps of the default scene).
+        # and the rest in 8-element chunks, given out as lists need them. A list that outgrows its chunks is
+        # moved to a larger run at the end of the pool, a cost in proportion to the lists that grew (the
+        # pool is re-laid out only when full), so reserving no chunks up front costs little time and keeps
+        # memory near what the pile really needs.
         return VLA(num_arrays, dtype, inline_capacity=4, chunk_size=8,
                    reserve=np.full(num_arrays, reserve_per_list, np.int32), name=name)
     if kind == "padded":
@@ -199,7 +200,7 @@ class ContactSet:
     max_depth: 0-d f32 m, deepest penetration seen since the last reset_frame_stats().
     """
 
-    def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, expected_per_body: int = 12):
+    def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, expected_per_body: int = 4):
         self.kind = kind
         self.body_capacity = int(body_capacity)
         self.lists = make_lists(kind, 2 * self.body_capacity, ContactRecord, max_per_body,
@@ -218,9 +219,16 @@ class ContactSet:
 
     def begin_step(self, body_count: int):
         """Flip generations and empty the one about to be rebuilt (last step's stays for warm starting)."""
+        self.flip()
+        self.clear_generation(body_count)
+
+    def flip(self):
+        """Make the other generation the one this step builds (host only; kernels get the bases as args)."""
         self.generation = 1 - self.generation
+
+    def clear_generation(self, body_count: int):
+        """Empty the lists of the generation being built (idempotent: safe inside vla.launch)."""
         _k_clear_lists(self.lists, self.base, self.base + body_count)
-        self.contact_total[None] = 0
 
     def set_limit(self, max_per_body: int):
         """Padded/dynamic: the per-body maximum in use (<= the allocated one); no effect on a VLA."""

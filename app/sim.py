@@ -91,6 +91,7 @@ class Simulation:
         self.substeps = int(sim["substeps"])
         self.solver_iterations = int(sim["solver_iterations"])
         self.model.load(scene)
+        self._n_bodies = int(scene.body_count)
         b = scene.bodies
         self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
         self._initial = {k: v.copy() for k, v in b.items()}
@@ -106,7 +107,8 @@ class Simulation:
 
     @property
     def body_count(self) -> int:
-        return int(self.model.body_count[None])
+        """Bodies simulated (host copy of model.body_count: reading the field would sync the device)."""
+        return self._n_bodies
 
     @property
     def sim_time(self) -> float:
@@ -137,6 +139,7 @@ class Simulation:
             self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
             self.contacts.reset()
         self.model.set_bodies(extra.bodies, self.scene.materials, n0)
+        self._n_bodies = n0 + k
         b = extra.bodies
         self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
 
@@ -154,20 +157,33 @@ class Simulation:
     # ------------------------------------------------------------------ stepping
     def step(self):
         """Advance one dt."""
-        n = self.body_count
-        self.contacts.begin_step(n)
-        self.grid.build(self.model, self.state)
-        args = (self.model, self.state, self.grid.cells, self.grid.table_size, self.contacts.lists,
-                self.contacts.base, self.contacts)
-        if self.contacts_kind == "vla":
-            from vla import launch
+        from vla import launch
 
-            launch(kernel_narrowphase, *args, vlas=[self.contacts.lists])
+        self.contacts.flip()
+        self.contacts.contact_total[None] = 0
+        if self.contacts_kind == "vla":
+            # Grid and contacts in one vla.launch: one host sync per step. If either VLA ran out of room, both
+            # roll back and _collide runs again (it is idempotent apart from its appends).
+            launch(self._collide, vlas=[self.grid.cells, self.contacts.lists])
         else:
-            kernel_narrowphase(*args)
+            # The padded/dynamic storages count dropped contacts; a re-run would count them twice.
+            launch(self._build_grid, vlas=[self.grid.cells])
+            self._narrowphase()
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
         self.step_count += 1
+
+    def _build_grid(self):
+        self.contacts.clear_generation(self._n_bodies)
+        self.grid.rebuild(self.model, self.state)
+
+    def _narrowphase(self):
+        kernel_narrowphase(self.model, self.state, self.grid.cells, self.grid.table_size, self.contacts.lists,
+                           self.contacts.base, self.contacts)
+
+    def _collide(self):
+        self._build_grid()
+        self._narrowphase()
 
     def step_frame(self):
         """Advance `substeps` steps, then check health and overflow (one host sync per frame)."""

@@ -9,17 +9,31 @@ import time
 import taichi as ti
 
 
-def init_taichi(arch: str):
-    """ti.init for 'cpu' | 'cuda' | 'auto'; returns the arch name taken."""
+def init_taichi(arch: str, kernel_profiler: bool = False):
+    """ti.init for 'cpu' | 'cuda' | 'auto'; returns the arch name taken. kernel_profiler: also time every
+    kernel on the device (CUDA events), for kernel_ms()."""
     if arch == "auto":
-        try:
-            ti.init(arch=ti.cuda, offline_cache=True)
-            return "cuda"
-        except Exception:  # no CUDA device or driver
-            ti.init(arch=ti.cpu)
-            return "cpu"
-    ti.init(arch=getattr(ti, arch), offline_cache=True)
+        try:  # without a CUDA device Taichi falls back to the CPU (or raises, depending on the failure)
+            ti.init(arch=ti.cuda, offline_cache=True, kernel_profiler=kernel_profiler)
+        except Exception:
+            ti.init(arch=ti.cpu, kernel_profiler=kernel_profiler)
+        from taichi.lang import impl
+        return "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
+    ti.init(arch=getattr(ti, arch), offline_cache=True, kernel_profiler=kernel_profiler)
     return arch
+
+
+def kernel_ms(fn, repeats=10, warmup=1):
+    """Device time of the kernels fn() launches, in ms per call (mean over repeats): what the device spends,
+    without the host's launch and synchronisation overhead. Needs init_taichi(kernel_profiler=True)."""
+    for _ in range(warmup):
+        fn()
+    ti.sync()
+    ti.profiler.clear_kernel_profiler_info()
+    for _ in range(repeats):
+        fn()
+    ti.sync()
+    return ti.profiler.get_kernel_profiler_total_time() * 1e3 / repeats
 
 
 def device_name(arch: str) -> str:

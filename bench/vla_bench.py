@@ -16,7 +16,7 @@ import numpy as np
 import taichi as ti
 
 from vla import shared
-from bench.common import device_name, init_taichi, markdown_table, time_ms, write_results
+from bench.common import device_name, init_taichi, kernel_ms, markdown_table, time_ms, write_results
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ DEFAULT_SIZES = {"heavy": 2_000_000, "uniform16": 1_250_000, "uniform1024": 20_0
 SMALL_SIZES = {"heavy": 40_000, "uniform16": 25_000, "uniform1024": 400}
 
 
-def bench_distribution(dist, n, rng, repeats, reuse=True):
+def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False):
     from vla import VLA, launch
 
     lens_np, max_len = make_lengths(dist, n, rng)
@@ -270,9 +270,14 @@ def bench_distribution(dist, n, rng, repeats, reuse=True):
                 s.commit()
         row["fill_ms"] = time_ms(refill, repeats=repeats)
         row["read_ms"] = time_ms(lambda s=s: k_read(s, out), repeats=repeats)
+        if kernel_times:
+            row["fill_kms"] = kernel_ms(refill, repeats=repeats)
+            row["read_kms"] = kernel_ms(lambda s=s: k_read(s, out), repeats=repeats)
         check(name)
         if hasattr(s, "reduce"):
             row["reduce_ms"] = time_ms(lambda s=s: k_read_reduce(s, out), repeats=repeats)
+            if kernel_times:
+                row["reduce_kms"] = kernel_ms(lambda s=s: k_read_reduce(s, out), repeats=repeats)
             check(name + " reduce")
         if isinstance(s, VLA):
             st = s.stats()
@@ -281,6 +286,9 @@ def bench_distribution(dist, n, rng, repeats, reuse=True):
             row["grow_events"] = st["grow_events"]
             partial = ti.field(ti.i64, shape=FLAT_THREADS)
             row["flat_read_ms"] = time_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
+            if kernel_times:
+                row["flat_read_kms"] = kernel_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
+                row["flat_read_kGBps"] = (live_bytes / 1e9) / (row["flat_read_kms"] / 1e3)
             if int(partial.to_numpy().sum()) != int(reference.astype(np.int64).sum()):
                 raise AssertionError(f"{dist}: {name} flat read sum differs")
             row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
@@ -302,23 +310,34 @@ def bench_distribution(dist, n, rng, repeats, reuse=True):
         for b in ("padded", "dynamic"):
             for op in ("fill", "read"):
                 r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
+                if f"{op}_kms" in r:
+                    r[f"{op}_kx_{b}"] = base[b][f"{op}_kms"] / r[f"{op}_kms"]
         if "reduce_ms" in r:
             r["reduce_x_padded"] = base["padded"]["reduce_ms"] / r["reduce_ms"]
+            if "reduce_kms" in r:
+                r["reduce_kx_padded"] = base["padded"]["reduce_kms"] / r["reduce_kms"]
         r["mem_vs_padded"] = r["reserved_MB"] / base["padded"]["reserved_MB"]
     return rows, tuned
 
 
-def copy_bandwidth_GBps(repeats, small):
+def copy_bandwidth_GBps(repeats, small, kernel_times=False):
+    """(wall-clock GB/s, device-time GB/s or None) of a plain copy kernel, counting bytes read + written."""
     n = (1 << 22) if small else (1 << 28)  # 16 MB or 1 GiB per buffer
     a = ti.field(ti.f32, shape=n)
     b = ti.field(ti.f32, shape=n)
     ms = time_ms(lambda: k_copy(a, b), repeats=repeats)
-    return 2 * n * 4 / 1e9 / (ms / 1e3)
+    kms = kernel_ms(lambda: k_copy(a, b), repeats=repeats) if kernel_times else None
+    gb = 2 * n * 4 / 1e9
+    return gb / (ms / 1e3), (gb / (kms / 1e3) if kms else None)
 
 
 COLUMNS = [
     ("dist", "dist", "{}"), ("store", "store", "{}"), ("arrays", "lists", "{:,}"), ("elements", "elements", "{:,}"),
-    ("fill_ms", "clear+refill ms", "{:.3f}"), ("read_ms", "read-all (get loop) ms", "{:.3f}"),
+    ("fill_ms", "clear+refill ms", "{:.3f}"), ("fill_kms", "clear+refill device ms", "{:.3f}"),
+    ("fill_kx_padded", "fill x padded (device)", "{:.2f}"), ("fill_kx_dynamic", "fill x dynamic (device)", "{:.1f}"),
+    ("read_ms", "read-all (get loop) ms", "{:.3f}"), ("read_kms", "read-all device ms", "{:.3f}"),
+    ("read_kx_padded", "read x padded (device)", "{:.2f}"), ("reduce_kx_padded", "reduce x padded (device)", "{:.2f}"),
+    ("flat_read_kGBps", "flat GB/s (device)", "{:.0f}"), ("flat_read_kpct_copy_bw", "flat % copy BW (device)", "{:.0f}"),
     ("reduce_ms", "read-all (reduce) ms", "{:.3f}"), ("reduce_x_padded", "reduce x padded", "{:.2f}"),
     ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
     ("flat_read_pct_copy_bw", "flat % copy BW", "{:.0f}"),
@@ -339,6 +358,8 @@ def main(argv=None):
     p.add_argument("--dists", default="heavy,uniform16,uniform1024")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kernel-times", action="store_true",
+                   help="also report device time per operation (Taichi's kernel profiler), not only wall time")
     args = p.parse_args(argv)
     from app.errors import UserError
 
@@ -346,24 +367,28 @@ def main(argv=None):
     for d in dists:
         if d not in DEFAULT_SIZES:
             raise UserError(f"--dists: unknown distribution {d!r}; expected some of {', '.join(DEFAULT_SIZES)}")
-    arch = init_taichi(args.arch)
+    arch = init_taichi(args.arch, kernel_profiler=args.kernel_times)
     small = args.small or arch == "cpu"
     sizes = SMALL_SIZES if small else DEFAULT_SIZES
     repeats = args.repeats or (5 if small else 20)
     rng = np.random.default_rng(args.seed)
     rows, tuned = [], {}
     for d in dists:
-        r, t = bench_distribution(d, sizes[d], rng, repeats)
+        r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times)
         rows += r
         tuned[d] = t
-    bw = copy_bandwidth_GBps(repeats, small)
+    bw, kbw = copy_bandwidth_GBps(repeats, small, args.kernel_times)
     for r in rows:
         if "flat_read_GBps" in r:
             r["flat_read_pct_copy_bw"] = 100 * r["flat_read_GBps"] / bw
+        if "flat_read_kGBps" in r and kbw:
+            r["flat_read_kpct_copy_bw"] = 100 * r["flat_read_kGBps"] / kbw
     dev = device_name(arch)
-    header = f"VLA benchmark on {dev} (arch {arch}); plain copy kernel: {bw:.0f} GB/s; repeats {repeats} (median)"
+    header = (f"VLA benchmark on {dev} (arch {arch}); plain copy kernel: {bw:.0f} GB/s wall"
+              + (f", {kbw:.0f} GB/s device time" if kbw else "") + f"; repeats {repeats} (wall: median)")
     md = header + "\n\n" + markdown_table(rows, COLUMNS)
-    write_results(args.out, "vla_bench", {"device": dev, "arch": arch, "copy_GBps": bw, "rows": rows,
+    write_results(args.out, "vla_bench", {"device": dev, "arch": arch, "copy_GBps": bw, "copy_device_GBps": kbw,
+                                          "rows": rows,
                                           "tuned": tuned}, md)
     return 0
 

@@ -351,6 +351,49 @@ def test_trim_releases_and_keeps_contents():
     assert lists[4] == sorted([12, 13, 14] + list(range(4, 160, 16)))
 
 
+def test_growth_moves_only_the_lists_that_grew():
+    """With room left in the pool, commit gives a list that ran out a larger run of chunks at the end of
+    the pool (its old run becomes a hole) instead of re-laying the whole pool out; get(), reduce(), flat
+    iteration and to_csr all see the moved lists, the holes are skipped, and trim() reclaims them."""
+    n = 64
+    v = VLA(n, ti.i32, inline_capacity=2, chunk_size=4, reserve=np.full(n, 6, np.int32), name="move")
+    v.reserve(np.full(n, 6))  # no-op: every list already holds 6
+    spare = v.stats()["pool_chunks_total"] - v.stats()["pool_chunks_used"]
+    assert spare > 0 and v.stats()["compact_events"] == 1
+    ref = [[] for _ in range(n)]
+    owner = np.repeat(np.arange(n), 5)
+    append_pairs(v, owner, owner * 100 + np.tile(np.arange(5), n))
+    for i in range(n):
+        ref[i] += [i * 100 + j for j in range(5)]
+    grow = [3, 17, 40]  # these outgrow their 6 slots: 2 inline + one chunk
+    owner = np.repeat(grow, 4)
+    vals = 10_000 + np.arange(len(owner))
+    append_pairs(v, owner, vals)
+    for o, x in zip(owner, vals):
+        ref[o].append(int(x))
+    st_ = v.stats()
+    assert st_["compact_events"] == 1 and st_["grow_events"] == 2 and st_["pool_chunks_holes"] == 3
+    assert sorted_lists(v) == [sorted(r) for r in ref]
+    out = ti.ndarray(ti.i32, shape=n)
+    k_read_all(v, out)
+    np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+    out64 = ti.ndarray(ti.i64, shape=n)
+    k_reduce(v, out64)  # order-sensitive fold, against the slot order to_lists() reports
+    expect = []
+    for lst in v.to_lists():
+        acc = 0
+        for x in lst:
+            acc = acc * 3 + x
+        expect.append(acc)
+    np.testing.assert_array_equal(out64.to_numpy(), expect)
+    out.fill(0)
+    k_flat_sum(v, out)
+    np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+    v.trim()
+    assert v.stats()["pool_chunks_holes"] == 0
+    assert sorted_lists(v) == [sorted(r) for r in ref]
+
+
 def test_growth_keeps_compiled_kernels_valid():
     """Growing the pool replaces its SNode tree; a kernel compiled before must be reused as it is (not
     recompiled) and see the new storage."""

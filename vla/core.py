@@ -2,22 +2,31 @@
 
 A :class:`VLA` holds ``num_arrays`` lists that kernels grow with :meth:`VLA.append`. Storage tiers:
 
-* **inline** (tier 1): the first ``inline_capacity`` elements of every list in one dense
-  structure-of-arrays field laid out ``[k, i]``, so neighbouring threads (lists ``i``, ``i+1``) touch
-  neighbouring addresses. No indirection.
-* **pool** (tier 2): fixed-size chunks of ``chunk_size`` elements in one global pool. A list's chunk
-  table is the pair ``table_start[i], table_start[i+1]``: its chunks are kept contiguous and in list
-  order, so element ``k`` is ``pool[table_start[i] * cs + k - ic]``, O(1) with no dependent load
-  beyond ``table_start`` (one that appends issue before their atomic). Growth re-lays the pool out
-  on the device (prefix sum + one copy), which is rare because capacity is memoised.
+* **inline** (tier 1): the first ``inline_capacity`` elements of every list, packed list after list
+  (``[i, k]``): neighbouring threads (lists ``i``, ``i+1``) read neighbouring addresses, and a thread's
+  first load brings its whole inline part into cache, so reading the rest costs cache hits instead of
+  more trips to memory (the ``[k, i]`` order also coalesces, but needs one memory trip per k: measured
+  10% slower for thread-per-list reads on an H200). No indirection.
+* **pool** (tier 2): fixed-size chunks of ``chunk_size`` elements. A list's chunks are contiguous, and
+  its chunk table is the pair ``table_start[i], table_chunks[i]``, so element ``k`` is at
+  ``pool[table_start[i] * cs + k - ic]``: O(1), no chain walk.
 * **block shared memory** (tier 3, CUDA): see :mod:`vla.shared`.
+
+Tiers 1 and 2 are one field, ``store`` (inline slots first, then the pool), and an element's address is
+a *select* between the two formulas rather than a branch between two fields. That keeps get() and
+append() branch-free, so a loop over a list compiles to straight-line code whose invariant loads (field
+base pointers, the list's table entry) are hoisted out of the loop: measured on an H200 this made the
+append path 1.3x faster than two fields behind a branch (0.25 vs 0.34 ms).
 
 Why no element is ever lost, without compare-and-swap (Taichi 1.7.4 has only atomic add/min/max/...):
 an append takes its slot with one ``atomic_add`` on the list's length. If the slot lies inside the
 list's inline part or its already-owned chunks, the element goes home directly. Otherwise it goes to
 an overflow area through an atomic bump, tagged with (list, slot). :meth:`VLA.commit` then gives each
-list the chunks its length now needs (device-side prefix sum and re-layout), and moves the overflowed
-elements home.
+list that ran out a new, larger run of chunks at the end of the pool (its old chunks become a hole,
+reclaimed by the next compaction), so a commit costs in proportion to the lists that grew, not to the
+pool, and moves the overflowed elements home. A list that grows gets ~25% more chunks
+than it needs, so a list creeping upwards frame after frame does not grow every frame. Only when the
+pool is full does it compact and grow (to ~1.1x the demand, along a 2^(k/4) series).
 If even the overflow area was too small, ``commit`` grows everything to the demand it saw and raises
 :class:`VLAOverflowError`; :func:`vla.launch` catches that, rolls the lengths back and runs the kernel
 again, so a caller that uses ``launch`` never loses an element.
@@ -25,7 +34,7 @@ again, so a caller that uses ``launch`` never loses an element.
 Capacity is memoised: ``clear`` sets a length to 0 and keeps the chunks, so refilling allocates
 nothing. :meth:`VLA.trim` compacts the pool and releases what the current lengths do not need.
 
-Growing a pool replaces a Taichi SNode tree. Compiled kernels address a tree through the runtime's
+Growing the pool replaces a Taichi SNode tree. Compiled kernels address a tree through the runtime's
 root table by tree id, and Taichi hands a destroyed tree's id to the next tree; so when the new tree
 gets the old id, every kernel already compiled against this VLA stays valid and nothing recompiles.
 When it does not (or in debug mode, where bounds checks bake field shapes into code), all compiled
@@ -117,11 +126,6 @@ def _bucket(n) -> int:
     return int(math.ceil(2 ** (k / 4)))
 
 
-def _inline_leaf(v, path):
-    """The inline tier's member field at ``path`` (the pool's when there is no inline tier; unused then)."""
-    return _leaf_field(v.inline if v.inline is not None else v.pool, path)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Internal kernels (free functions; ``v`` is the VLA, compiled once per VLA instance)
 # ----------------------------------------------------------------------------------------------------
@@ -129,6 +133,14 @@ def _inline_leaf(v, path):
 def _k_lengths_to_nd(v: ti.template(), out: _i32_nd):
     for i in range(v.num_arrays):
         out[i] = v.length_field[i]
+
+
+@ti.kernel
+def _k_snapshot(v: ti.template(), out: _i32_nd):
+    """launch(): every length, and at [num_arrays] the overflowed appends not yet committed."""
+    for i in range(v.num_arrays):
+        out[i] = v.length_field[i]
+    out[v.num_arrays] = v._scalars[0]
 
 
 @ti.kernel
@@ -144,92 +156,117 @@ def _k_clear_all(v: ti.template()):
 
 
 @ti.kernel
-def _k_extra_chunks(v: ti.template(), demand: _i32_nd, extra: _i32_nd):
-    """extra[i] = chunks list i must gain to hold demand[i] elements."""
+def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd):
+    """moved[i] = the chunks list i gets if it must grow to hold demand[i] elements, else 0.
+    With headroom, a growing list gets ~25% more chunks than it needs (a chunk is headroom enough for a
+    list of a few chunks)."""
     for i in range(v.num_arrays):
         need = v._chunks_for(demand[i])
-        have = v.table_start[i + 1] - v.table_start[i]
-        extra[i] = ti.max(0, need - have)
+        m = 0
+        if need > v.table_chunks[i]:
+            m = need
+            if headroom:
+                m = need + need // 4
+        moved[i] = m
 
 
 @ti.kernel
-def _k_target_grow(v: ti.template(), extra: _i32_nd, target: _i32_nd):
+def _k_move_lists(v: ti.template(), moved: _i32_nd, offset: _i32_nd, bump: ti.i32):
+    """Give every list with moved[i] > 0 a fresh run of moved[i] chunks at bump + offset[i], copy its
+    elements there, and leave its old chunks as a hole (owner -1)."""
     for i in range(v.num_arrays):
-        target[i] = v.table_start[i + 1] - v.table_start[i] + extra[i]
+        m = moved[i]
+        if m > 0:
+            old = v.table_start[i]
+            have = v.table_chunks[i]
+            new = bump + offset[i]
+            src = v._n_inline + (old << v._chunk_shift)
+            dst = v._n_inline + (new << v._chunk_shift)
+            for e in range(have << v._chunk_shift):
+                v.store[dst + e] = v.store[src + e]
+            for c in range(have):
+                v.table_owner[old + c] = -1
+            for c in range(m):
+                v.table_owner[new + c] = i
+            v.table_start[i] = new
+            v.table_chunks[i] = m
+            ti.atomic_add(v._scalars[3], have)
 
 
 @ti.kernel
 def _k_target_trim(v: ti.template(), target: _i32_nd):
     for i in range(v.num_arrays):
-        have = v.table_start[i + 1] - v.table_start[i]
-        target[i] = ti.min(have, v._chunks_for(v.length_field[i]))
+        target[i] = ti.min(v.table_chunks[i], v._chunks_for(v.length_field[i]))
 
 
 @ti.kernel
-def _k_relayout_to_tmp(v: ti.template(), n_old: ti.i32, target: _i32_nd, new_start: _i32_nd):
-    """Copy every list's first target[i] chunks to their place in the new layout (list order), whole
-    elements at a time: one kernel whatever the dtype, so a growth compiles nothing new."""
+def _k_target_keep(v: ti.template(), moved: _i32_nd, target: _i32_nd):
+    for i in range(v.num_arrays):
+        target[i] = ti.max(moved[i], v.table_chunks[i])
+
+
+@ti.kernel
+def _k_relayout_to_tmp(v: ti.template(), n_old: ti.i32, target: _i32_nd, new_start: _i32_nd, tmp_base: ti.i32):
+    """Copy every list's first target[i] chunks to their place in the compacted layout (list order),
+    whole elements at a time: one kernel whatever the dtype, so a growth compiles nothing new."""
     for t, j in ti.ndrange(n_old, v.chunk_size):
         o = v.table_owner[t]
-        r = t - v.table_start[o]
-        if r < target[o]:
-            v.relayout_tmp[((new_start[o] + r) << v._chunk_shift) + j] = v.pool[(t << v._chunk_shift) + j]
+        if o >= 0:
+            r = t - v.table_start[o]
+            if r < target[o]:
+                v.relayout_tmp[tmp_base + ((new_start[o] + r) << v._chunk_shift) + j] = \
+                    v.store[v._n_inline + (t << v._chunk_shift) + j]
 
 
 @ti.kernel
-def _k_tmp_to_pool(v: ti.template(), n: ti.i32):
+def _k_inline_to_tmp(v: ti.template()):
+    for e in range(v._n_inline):
+        v.relayout_tmp[e] = v.store[e]
+
+
+@ti.kernel
+def _k_tmp_to_store(v: ti.template(), tmp_begin: ti.i32, store_begin: ti.i32, n: ti.i32):
     for e in range(n):
-        v.pool[e] = v.relayout_tmp[e]
+        v.store[store_begin + e] = v.relayout_tmp[tmp_begin + e]
 
 
 @ti.kernel
-def _k_relayout_table(v: ti.template(), new_start: _i32_nd):
+def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, total: ti.i32, cap: ti.i32):
     for i in range(v.num_arrays):
-        for c in range(new_start[i], new_start[i + 1]):
-            v.table_owner[c] = i
-    for i in range(v.num_arrays + 1):
-        v.table_start[i] = new_start[i]
+        s = new_start[i]
+        for c in range(target[i]):
+            v.table_owner[s + c] = i
+        v.table_start[i] = s
+        v.table_chunks[i] = target[i]
+    for c in range(total, cap):
+        v.table_owner[c] = -1
+    v._scalars[3] = 0
 
 
 @ti.kernel
 def _k_move_overflow_home(v: ti.template(), n: ti.i32):
     for o in range(n):
         meta = v.ovf_meta[o]
-        v._store_owned(meta[0], meta[1], v.ovf_value[o])
+        v.store[v._addr(meta[0], meta[1])] = v.ovf_value[o]
 
 
 @ti.kernel
 def _k_gather_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, out: _nd):
     """Pack every live element's leaf into out, list by list (to_csr). Flat and coalesced."""
-    inl = ti.static(_inline_leaf(v, path))
-    pool = ti.static(_leaf_field(v.pool, path))
+    store = ti.static(_leaf_field(v.store, path))
     for e in range(v.flat_size()):
         i, k = v.flat_index(e)
         if i >= 0:
-            if ti.static(v.inline_capacity > 0):
-                if k < v.inline_capacity:
-                    out[offsets[i] + k] = inl[k, i]
-                else:
-                    out[offsets[i] + k] = pool[v._pool_addr(i, k)]
-            else:
-                out[offsets[i] + k] = pool[v._pool_addr(i, k)]
+            out[offsets[i] + k] = store[e]
 
 
 @ti.kernel
 def _k_scatter_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, owner: _i32_nd, src: _nd, total: ti.i32):
     """Write packed CSR values home (from_csr); capacity was reserved beforehand."""
-    inl = ti.static(_inline_leaf(v, path))
-    pool = ti.static(_leaf_field(v.pool, path))
+    store = ti.static(_leaf_field(v.store, path))
     for e in range(total):
         i = owner[e]
-        k = e - offsets[i]
-        if ti.static(v.inline_capacity > 0):
-            if k < v.inline_capacity:
-                inl[k, i] = src[e]
-            else:
-                pool[v._pool_addr(i, k)] = src[e]
-        else:
-            pool[v._pool_addr(i, k)] = src[e]
+        store[v._addr(i, e - offsets[i])] = src[e]
 
 
 @ti.kernel
@@ -292,27 +329,27 @@ class VLA:
         self._debug = bool(impl.current_cfg().debug)
 
         n = self.num_arrays
-        # Fixed tier: never reallocated. Inline storage is SoA and [k, i]-major (coalesced).
+        self._n_inline = self.inline_capacity * n
+        # Fixed part: never reallocated. table_start[i], table_chunks[i]: list i's run of pool chunks.
         fb = ti.FieldsBuilder()
         self.length_field = ti.field(ti.i32)
         self.table_start = ti.field(ti.i32)
-        self._scalars = ti.field(ti.i32)  # [0] overflow count, [1] overflow capacity, [2] table size
+        self.table_chunks = ti.field(ti.i32)
+        # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes
+        self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
-        fb.dense(ti.i, n + 1).place(self.table_start)
+        fb.dense(ti.i, n).place(self.table_start)
+        fb.dense(ti.i, n).place(self.table_chunks)
         fb.dense(ti.i, 4).place(self._scalars)
-        self.inline = None
-        if self.inline_capacity > 0:
-            self.inline = _new_unplaced(dtype)
-            for member in self.inline._get_field_members():
-                fb.dense(ti.ij, (self.inline_capacity, n)).place(ScalarField(member))
         self._fixed_tree = fb.finalize()
 
-        # Growable tier: one field per SNode tree so a tree can be replaced without moving the others.
+        # Growable part: one field per SNode tree so a tree can be replaced without moving the others.
         self._trees = {}
         self._caps = {}
-        self.pool = self.table_owner = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
-        self._bump = 0              # chunks owned by lists: [0, bump), in list order
+        self.store = self.table_owner = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
+        self._bump = 0              # chunks handed out: [0, bump); holes among them have owner -1
         self.grow_events = 0
+        self.compact_events = 0
         self.overflow_events = 0
         self.recompile_events = 0
 
@@ -332,9 +369,10 @@ class VLA:
                     raise ValueError("VLA reserve lengths must be >= 0")
 
         pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
-        self._alloc("pool", dtype, pool_chunks * self.chunk_size)
+        self._alloc("store", dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
         self._alloc("table_owner", ti.i32, pool_chunks)
+        self.table_owner.fill(-1)
         ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
         self._alloc("ovf_value", dtype, ovf)
@@ -354,18 +392,19 @@ class VLA:
         """Append x to list i (thread-safe). Returns x's index in list i."""
         if ti.static(self._debug):  # a bare assert costs ~6x on get-heavy loops even with debug off
             assert i >= 0 and i < self.num_arrays, "VLA.append: list index out of range"
-        # The chunk-table bounds are loaded before the atomic so their latency overlaps the atomic's:
-        # on a GPU a thread appending many elements is bound by this dependency chain, not bandwidth.
-        t_begin = self.table_start[i]
-        t_end = self.table_start[i + 1]
+        # The chunk-table entry is loaded before the atomic so its latency overlaps the atomic's: on a GPU
+        # a thread appending many elements is bound by this dependency chain, not by bandwidth.
+        t_start = self.table_start[i]
+        t_chunks = self.table_chunks[i]
         slot = ti.atomic_add(self.length_field[i], 1)
-        if ti.static(self.inline_capacity > 0):
-            if slot < self.inline_capacity:
-                self.inline[slot, i] = x
-            else:
-                self._store_new(i, slot, x, t_begin, t_end)
+        if slot < self.inline_capacity + (t_chunks << self._chunk_shift):
+            self.store[self._addr_at(i, slot, t_start)] = x
         else:
-            self._store_new(i, slot, x, t_begin, t_end)
+            # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
+            o = ti.atomic_add(self._scalars[0], 1)
+            if o < self._scalars[1]:
+                self.ovf_value[o] = x
+                self.ovf_meta[o] = ti.Vector([i, slot])
         return slot
 
     @ti.func
@@ -375,72 +414,58 @@ class VLA:
 
     @ti.func
     def get(self, i, k):
-        """Element k of list i (0 <= k < length(i)); O(1), no chain walk."""
+        """Element k of list i (0 <= k < length(i)); O(1), no chain walk, no branch."""
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.get: index out of range"
-        r = self._zero()
-        if ti.static(self.inline_capacity > 0):
-            if k < self.inline_capacity:
-                r = self.inline[k, i]
-            else:
-                r = self.pool[self._pool_addr(i, k)]
-        else:
-            r = self.pool[self._pool_addr(i, k)]
-        return r
+        return self.store[self._addr(i, k)]
 
     @ti.func
     def get_inline(self, i, k):
-        """Fast path for callers that know k < inline_capacity statically: no branch, no table."""
+        """Fast path for callers that know k < inline_capacity statically: no table load."""
         ti.static_assert(self.inline_capacity > 0, "VLA.get_inline needs inline_capacity > 0")
-        return self.inline[k, i]
+        return self.store[i * self.inline_capacity + k]
 
     @ti.func
     def reduce(self, i, f: ti.template(), init):
         """Fold ``acc = f(acc, x)`` over list i in order, and return acc.
 
-        Walks the list chunk by chunk: one table load per chunk, then the chunk's element loads are
-        unrolled so they are all in flight at once. Much faster than a get() loop for long lists.
+        The inline part is unrolled (static), then the pool part 16 elements at a time so their loads
+        are all in flight at once: faster than a get() loop for long lists.
         """
         n = self.length_field[i]
         acc = init
         for k in ti.static(range(self.inline_capacity)):
             if k < n:
-                acc = f(acc, self.inline[k, i])
+                acc = f(acc, self.store[i * self.inline_capacity + k])
         rem = n - self.inline_capacity
         if rem > 0:
-            base = self.table_start[i] << self._chunk_shift
+            base = self._n_inline + (self.table_start[i] << self._chunk_shift)
             for g in range(rem >> 4):
                 for j in ti.static(range(16)):
-                    acc = f(acc, self.pool[base + g * 16 + j])
+                    acc = f(acc, self.store[base + g * 16 + j])
             for j in range(rem & ~15, rem):
-                acc = f(acc, self.pool[base + j])
+                acc = f(acc, self.store[base + j])
         return acc
 
     @ti.func
     def for_each(self, i, f: ti.template(), ctx: ti.template()):
-        """Call ``f(ctx, i, k, x)`` for every element x = list i's k-th, chunk-wise like reduce()."""
+        """Call ``f(ctx, i, k, x)`` for every element x = list i's k-th, tier by tier like reduce()."""
         n = self.length_field[i]
         for k in ti.static(range(self.inline_capacity)):
             if k < n:
-                f(ctx, i, k, self.inline[k, i])
+                f(ctx, i, k, self.store[i * self.inline_capacity + k])
         rem = n - self.inline_capacity
         if rem > 0:
-            base = self.table_start[i] << self._chunk_shift
+            base = self._n_inline + (self.table_start[i] << self._chunk_shift)
             for j in range(rem):
-                f(ctx, i, self.inline_capacity + j, self.pool[base + j])
+                f(ctx, i, self.inline_capacity + j, self.store[base + j])
 
     @ti.func
     def set(self, i, k, x):
         """Overwrite element k (< length(i)) of list i."""
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.set: index out of range"
-        if ti.static(self.inline_capacity > 0):
-            if k < self.inline_capacity:
-                self.inline[k, i] = x
-            else:
-                self.pool[self._pool_addr(i, k)] = x
-        else:
-            self.pool[self._pool_addr(i, k)] = x
+        self.store[self._addr(i, k)] = x
 
     @ti.func
     def clear(self, i):
@@ -449,49 +474,39 @@ class VLA:
 
     @ti.func
     def flat_size(self):
-        """Number of storage slots (inline + owned chunks) that flat_index() maps."""
-        return self.inline_capacity * self.num_arrays + self._scalars[2] * self.chunk_size
+        """Number of storage slots (inline + chunks handed out) that flat_index() maps."""
+        return self._n_inline + (self._scalars[2] << self._chunk_shift)
 
     @ti.func
     def flat_index(self, e):
         """(list, index) of storage slot e, or (-1, -1) when slot e holds no live element.
 
-        Slots run over the inline tier ([k, i] order) then over the chunk table in list order, so a
-        loop over range(flat_size()) is load-balanced and reads memory in order.
+        Slots run over the inline tier (list by list) then over the pool's chunks, so a loop over
+        range(flat_size()) is load-balanced and reads memory in order. The element is flat_value(e).
         """
         i = -1
         k = -1
-        n_inline = self.inline_capacity * self.num_arrays
-        if e < n_inline:
-            kk = e // self.num_arrays
-            ii = e - kk * self.num_arrays
+        if e < self._n_inline:
+            ii = e // self.inline_capacity
+            kk = e - ii * self.inline_capacity
             if kk < self.length_field[ii]:
                 i = ii
                 k = kk
         else:
-            q = e - n_inline
+            q = e - self._n_inline
             t = q >> self._chunk_shift
             o = self.table_owner[t]
-            kk = self.inline_capacity + ((t - self.table_start[o]) << self._chunk_shift) + (q & (self.chunk_size - 1))
-            if kk < self.length_field[o]:
-                i = o
-                k = kk
+            if o >= 0:
+                kk = self.inline_capacity + ((t - self.table_start[o]) << self._chunk_shift) + (q & (self.chunk_size - 1))
+                if kk < self.length_field[o]:
+                    i = o
+                    k = kk
         return i, k
 
     @ti.func
     def flat_value(self, e):
-        """The element in storage slot e (valid when flat_index(e) gave i >= 0); no table lookup."""
-        r = self._zero()
-        n_inline = self.inline_capacity * self.num_arrays
-        if ti.static(self.inline_capacity > 0):
-            if e < n_inline:
-                kk = e // self.num_arrays
-                r = self.inline[kk, e - kk * self.num_arrays]
-            else:
-                r = self.pool[e - n_inline]
-        else:
-            r = self.pool[e]
-        return r
+        """The element in storage slot e (valid when flat_index(e) gave i >= 0)."""
+        return self.store[e]
 
     # ------------------------------------------------------------------ kernel-side internals
     @ti.func
@@ -506,24 +521,18 @@ class VLA:
         return (ti.max(0, n - self.inline_capacity) + self.chunk_size - 1) >> self._chunk_shift
 
     @ti.func
-    def _pool_addr(self, i, k):
-        return (self.table_start[i] << self._chunk_shift) + k - self.inline_capacity
+    def _addr_at(self, i, k, t_start):
+        """store index of element k of list i whose chunk run starts at chunk t_start. A select, not a
+        branch: both formulas are cheap, and straight-line code lets loops hoist their invariant loads."""
+        pool = self._n_inline + (t_start << self._chunk_shift) + k - self.inline_capacity
+        a = pool
+        if ti.static(self.inline_capacity > 0):
+            a = ti.select(k < self.inline_capacity, i * self.inline_capacity + k, pool)
+        return a
 
     @ti.func
-    def _store_owned(self, i, slot, x):
-        self.pool[self._pool_addr(i, slot)] = x
-
-    @ti.func
-    def _store_new(self, i, slot, x, t_begin, t_end):
-        p = slot - self.inline_capacity
-        if p < ((t_end - t_begin) << self._chunk_shift):
-            self.pool[(t_begin << self._chunk_shift) + p] = x
-        else:
-            # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
-            o = ti.atomic_add(self._scalars[0], 1)
-            if o < self._scalars[1]:
-                self.ovf_value[o] = x
-                self.ovf_meta[o] = ti.Vector([i, slot])
+    def _addr(self, i, k):
+        return self._addr_at(i, k, self.table_start[i])
 
     # ------------------------------------------------------------------ host-side API
     def commit(self):
@@ -539,7 +548,7 @@ class VLA:
         ovf_cap = self._caps["ovf_value"]
         demand = self._scratch_nd("demand", self.num_arrays)
         _k_lengths_to_nd(self, demand)
-        self._grow_to(demand)
+        self._grow_to(demand, headroom=True)
         moved = min(n_ovf, ovf_cap)
         if moved:
             _k_move_overflow_home(self, moved)
@@ -661,11 +670,10 @@ class VLA:
         live = int(_k_sum_lengths(self))
         eb = self.element_bytes
         pool_chunks = self._caps["pool_chunks"]
-        inline_elems = self.inline_capacity * self.num_arrays
-        reserved_elems = inline_elems + pool_chunks * self.chunk_size
+        holes = int(self._scalars[3])
+        reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
-        meta = (4 * self.num_arrays + 4 * (self.num_arrays + 1) + 16
-                + 4 * self._caps["table_owner"] + 8 * ovf)
+        meta = 12 * self.num_arrays + 16 + 4 * self._caps["table_owner"] + 8 * ovf
         element_reserved_bytes = (reserved_elems + ovf) * eb
         return {
             "arrays": self.num_arrays,
@@ -675,14 +683,16 @@ class VLA:
             "reserved_bytes": element_reserved_bytes + meta,
             "element_reserved_bytes": element_reserved_bytes,
             "metadata_bytes": meta,
-            "inline_elements": inline_elems,
+            "inline_elements": self._n_inline,
             "inline_capacity": self.inline_capacity,
             "chunk_size": self.chunk_size,
-            "pool_chunks_used": self._bump,
+            "pool_chunks_used": self._bump - holes,
+            "pool_chunks_holes": holes,
             "pool_chunks_total": pool_chunks,
             "overflow_capacity": ovf,
             "overflow_events": self.overflow_events,
             "grow_events": self.grow_events,
+            "compact_events": self.compact_events,
             "recompile_events": self.recompile_events,
         }
 
@@ -692,8 +702,8 @@ class VLA:
         """Choose (inline_capacity, chunk_size) that minimise reserved bytes for a length histogram.
 
         ``lengths``: observed per-list lengths. The model counts what the VLA really reserves: inline
-        slots for every list, whole chunks for the rest of each list, 8 bytes per list (length, chunk
-        table start) and 4 per chunk (its owner, for flat iteration). Speed hardly depends on the choice
+        slots for every list, whole chunks for the rest of each list, 12 bytes per list (length, chunk
+        table start and count) and 4 per chunk (its owner, for flat iteration). Speed hardly depends on the choice
         (a list's chunks are contiguous, so there is no per-chunk load); ``min_chunk_size`` can still
         exclude tiny chunks, which make growth re-layouts more frequent. Returns the choice and its
         predicted reserved/live ratio.
@@ -710,8 +720,8 @@ class VLA:
                 if cs < min_chunk_size:
                     continue
                 chunks = ((np.maximum(0, vals - ic) + cs - 1) // cs * counts).sum()
-                # per list: inline slots + length + table_start; per chunk: elements + owner id
-                reserved = lens.size * (ic * eb + 8) + chunks * (cs * eb + 4)
+                # per list: inline slots + length + chunk table entry; per chunk: elements + owner id
+                reserved = lens.size * (ic * eb + 12) + chunks * (cs * eb + 4)
                 if best is None or reserved < best[0]:
                     best = (reserved, ic, cs)
         reserved, ic, cs = best
@@ -732,8 +742,9 @@ class VLA:
 
     def release(self):
         """Free the device memory now (the VLA is unusable afterwards; Taichi drops compiled kernels)."""
-        for tree in self._trees.values():
-            tree.destroy()
+        for trees in self._trees.values():
+            for tree in trees:
+                tree.destroy()
         self._trees = {}
         self._fixed_tree.destroy()
         _LIVE.discard(self)
@@ -746,85 +757,120 @@ class VLA:
             self._scratch[key] = nd
         return nd
 
-    def _alloc(self, attr, dtype, length):
+    def _alloc(self, attr, dtype, length, replace=None):
+        """Allocate field ``attr`` of ``length`` entries in tree(s) of its own; ``replace``: the trees it
+        replaces, each freed just before its successor is built so that the successor takes its id.
+
+        The store of a struct/vector dtype is a structure of arrays (each scalar component an array of its
+        own, so a warp reading one member of neighbouring lists reads neighbouring addresses), with one
+        tree per component: within one tree the second array's offset would depend on the length, which
+        compiled kernels bake in, while a tree's first array always sits at offset 0."""
         if length > _I32_MAX:
             raise VLACapacityError(
                 f"VLA {self.name!r}: {attr} would need {length} entries, beyond the 32-bit index space; "
                 f"use a larger chunk_size or fewer elements per VLA")
-        fb = ti.FieldsBuilder()
         field = _new_unplaced(dtype)
-        fb.dense(ti.i, length).place(field)
-        try:
-            tree = fb.finalize()
-        except RuntimeError as e:  # device allocation failure
-            nbytes = length * element_bytes(dtype)
-            raise VLACapacityError(
-                f"VLA {self.name!r}: could not allocate {attr} of {length} elements ({nbytes / 2**20:.1f} MiB): "
-                f"{e}. Give Taichi more device memory (ti.init(device_memory_GB=...)), lower reserve, or trim()"
-            ) from None
+        if attr == "store" and not _is_primitive(dtype):
+            parts = [ScalarField(m) for m in field._get_field_members()]
+        else:
+            parts = [field]
+        runtime = impl.get_runtime()
+        trees = []
+        for j, part in enumerate(parts):
+            if replace is not None:
+                old = replace[j]
+                # SNodeTree.destroy() also drops every compiled kernel of the program (Taichi cannot know
+                # that the next tree will take the same id and layout); we free the tree itself.
+                old.ptr.destroy_snode_tree(runtime.prog)
+                old.destroyed = True
+            fb = ti.FieldsBuilder()
+            fb.dense(ti.i, length).place(part)
+            try:
+                trees.append(fb.finalize())
+            except RuntimeError as e:  # device allocation failure
+                nbytes = length * element_bytes(dtype)
+                raise VLACapacityError(
+                    f"VLA {self.name!r}: could not allocate {attr} of {length} elements ({nbytes / 2**20:.1f} MiB): "
+                    f"{e}. Give Taichi more device memory (ti.init(device_memory_GB=...)), lower reserve, or trim()"
+                ) from None
         setattr(self, attr, field)
-        self._trees[attr] = tree
+        self._trees[attr] = trees
         self._caps[attr] = length
-        return tree
+        return trees
 
     def _regrow(self, attr, dtype, new_len):
-        """Replace tree ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
-        # Finalise pending ti.root fields now, so they cannot take the id we are about to free.
+        """Replace field ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
+        # Finalise pending ti.root fields now, so they cannot take the ids we are about to free.
         runtime = impl.get_runtime()
         runtime.materialize()
         old = self._trees[attr]
-        old_id = old.id
-        # SNodeTree.destroy() also drops every compiled kernel of the program (Taichi cannot know that
-        # the next tree will take the same id and layout). We free the tree itself and decide below.
-        old.ptr.destroy_snode_tree(runtime.prog)
-        old.destroyed = True
-        tree = self._alloc(attr, dtype, new_len)
-        if tree.id != old_id or self._debug:
+        old_ids = [t.id for t in old]
+        trees = self._alloc(attr, dtype, new_len, replace=old)
+        if [t.id for t in trees] != old_ids or self._debug:
             runtime.clear_compiled_functions()
             self.recompile_events += 1
 
     def _reserve_for(self, lengths_np):
         demand = self._scratch_nd("demand", self.num_arrays)
         demand.from_numpy(lengths_np)
-        self._grow_to(demand)
+        self._grow_to(demand, headroom=False)
 
-    def _grow_to(self, demand):
-        """Give every list the chunks it needs to hold demand[i] elements (device-side)."""
+    def _grow_to(self, demand, headroom):
+        """Give every list the chunks it needs to hold demand[i] elements (device-side).
+
+        Lists that must grow get a new run of chunks at the end of the pool (cost: their own elements);
+        only when the pool is full does everything compact into a larger pool (cost: the whole pool)."""
         n = self.num_arrays
-        extra = self._scratch_nd("extra", n)
-        extra_off = self._scratch_nd("extra_off", n + 1)
-        _k_extra_chunks(self, demand, extra)
-        self._scanner.exclusive(extra, n, extra_off)
-        if int(extra_off[n]) == 0:
+        moved = self._scratch_nd("moved", n)
+        offset = self._scratch_nd("moved_off", n + 1)
+        _k_grow_targets(self, demand, int(headroom), moved)
+        self._scanner.exclusive(moved, n, offset)
+        total = int(offset[n])
+        if total == 0:
             return
         self.grow_events += 1
+        if self._bump + total <= self._caps["pool_chunks"]:
+            _k_move_lists(self, moved, offset, self._bump)
+            self._bump += total
+            self._scalars[2] = self._bump
+            return
         target = self._scratch_nd("target", n)
-        _k_target_grow(self, extra, target)
+        _k_target_keep(self, moved, target)
         self._relayout(target, shrink=False)
 
     def _relayout(self, target, shrink):
-        """Lay the pool out anew with target[i] chunks for list i, in list order, keeping every list's
-        data (up to target[i] chunks). The pool grows with ~20% headroom, or shrinks to fit if asked."""
+        """Compact the pool: target[i] chunks for list i, in list order, keeping every list's data (up to
+        target[i] chunks). The pool grows with ~20% headroom if it must, or shrinks to fit if asked."""
         n = self.num_arrays
+        self.compact_events += 1
         new_start = self._scratch_nd("new_start", n + 1)
         self._scanner.exclusive(target, n, new_start)
         total = int(new_start[n])
         n_old = self._bump
         cs = self.chunk_size
-        if n_old and total:
-            self._regrow("relayout_tmp", self.dtype, total * cs)
-            _k_relayout_to_tmp(self, n_old, target, new_start)
         cap = self._caps["pool_chunks"]
-        if total > cap or (shrink and total < cap):
-            # Grow with ~20% headroom over the demand seen, so the next growth is rare; trim fits exactly.
+        regrow = total > cap or (shrink and total < cap)
+        # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
+        tmp_base = self._n_inline if regrow else 0
+        if n_old and total:
+            self._regrow("relayout_tmp", self.dtype, tmp_base + total * cs)
+            _k_relayout_to_tmp(self, n_old, target, new_start, tmp_base)
+        elif regrow and tmp_base:
+            self._regrow("relayout_tmp", self.dtype, tmp_base)
+        if regrow and tmp_base:
+            _k_inline_to_tmp(self)
+        if regrow:
             cap = max(1, total if shrink else _bucket(total * 1.1))
-            self._regrow("pool", self.dtype, cap * cs)
+            self._regrow("store", self.dtype, self._n_inline + cap * cs)
             self._regrow("table_owner", ti.i32, cap)
             self._caps["pool_chunks"] = cap
+            if tmp_base:
+                _k_tmp_to_store(self, 0, 0, tmp_base)
         if n_old and total:
-            _k_tmp_to_pool(self, total * cs)
+            _k_tmp_to_store(self, tmp_base, self._n_inline, total * cs)
+        if self._caps["relayout_tmp"] > 1:
             self._regrow("relayout_tmp", self.dtype, 1)
-        _k_relayout_table(self, new_start)
+        _k_relayout_table(self, new_start, target, total, cap)
         self._bump = total
         self._scalars[2] = total
 
@@ -895,23 +941,30 @@ def launch(fn, *args, vlas=None, max_retries=8):
         prog = impl.get_runtime().prog
         vlas = list(found.values()) or [v for v in _LIVE if v._prog is prog]
     vlas = list(vlas)
+    # Snapshot on the device (no host sync): lengths, and the appends still waiting in the overflow area
+    # from before the call (they are moved home by the commit below, like the call's own).
     snaps = []
     for v in vlas:
-        v.commit()  # earlier, un-committed appends belong to the state we may roll back to
-        snap = v._scratch_nd("launch_snapshot", v.num_arrays)  # reused: launch allocates nothing
-        _k_lengths_to_nd(v, snap)
-        snaps.append(snap)
+        v._check_program()
+        snap = v._scratch_nd("launch_snapshot", v.num_arrays + 1)  # reused: launch allocates nothing
+        _k_snapshot(v, snap)
+        snaps.append((snap, v._caps["ovf_value"]))
     for attempt in range(max_retries + 1):
         result = fn(*args)
         lost = []
-        for v in vlas:
+        for v, (snap, ovf_cap) in zip(vlas, snaps):
             try:
-                v.commit()
+                v.commit()  # one host read per VLA when nothing overflowed
             except VLAOverflowError as e:
+                if int(snap[v.num_arrays]) > ovf_cap:
+                    raise VLAOverflowError(
+                        f"vla.launch: VLA {v.name!r} had already lost appends made before this call (outside "
+                        f"launch), which re-running {getattr(fn, '__name__', fn)} cannot restore: {e}",
+                        appended=e.appended, overflow_capacity=e.overflow_capacity, lost=e.lost) from None
                 lost.append(e)
         if not lost:
             return result
-        for v, snap in zip(vlas, snaps):
+        for v, (snap, _) in zip(vlas, snaps):
             _k_nd_to_lengths(v, snap)
     raise VLAOverflowError(
         f"vla.launch: {getattr(fn, '__name__', fn)} still overflowed after {max_retries} retries "
