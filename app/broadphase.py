@@ -33,7 +33,10 @@ def grid_hash(c, table_size):
 
 @ti.kernel
 def kernel_grid_insert(model: ti.template(), state: ti.template(), cells: ti.template(), table_size: ti.i32):
-    """Append every body index to its cell's list (cells: VLA of i32 with table_size lists)."""
+    """Empty every cell, then append every body index to its cell's list (cells: VLA of i32 with table_size
+    lists). Two loops of one launch: the second starts when the first has finished everywhere."""
+    for c in range(table_size):
+        cells.clear(c)
     cs = model.grid_cell_size[None]
     for i in range(model.body_count[None]):
         cells.append(grid_hash(grid_cell_of(state.body_pos[i], cs), table_size), i)
@@ -63,13 +66,8 @@ class Grid:
         """Rebuild the cell lists from the current positions (through vla.launch: no body is ever lost)."""
         from vla import launch
 
-        launch(self.rebuild, model, state, vlas=[self.cells])
-
-    def rebuild(self, model, state):
-        """Empty the cells and insert every body. Idempotent apart from its appends, so a caller may run it
-        inside its own vla.launch together with kernels that read the cells (one host sync for both)."""
-        self.cells.clear_all()
-        kernel_grid_insert(model, state, self.cells, self.table_size)
+        # The kernel empties the cells before filling them, so a re-run needs no roll back.
+        launch(kernel_grid_insert, model, state, self.cells, self.table_size, vlas=[self.cells], rollback=False)
 
     def stats(self) -> dict:
         s = dict(self.cells.stats())

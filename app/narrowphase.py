@@ -395,11 +395,15 @@ def _raise_max_depth(contacts: ti.template(), depth):
 @ti.kernel
 def kernel_narrowphase(model: ti.template(), state: ti.template(), cells: ti.template(), table_size: ti.i32,
                        lists: ti.template(), base: ti.i32, contacts: ti.template()):
-    """Find every contact of this step and append it to lists[base + body] (both bodies for pairs).
+    """Empty lists[base + body] for every body, then find every contact of this step and append it to
+    lists[base + body] (both bodies for pairs).
 
     Inputs: model (shapes, planes, grid_cell_size, contact_margin), state (poses), cells (grid VLA of
-    table_size lists). Outputs: lists (contact storage), contacts.max_depth (atomic max; idempotent, as
-    vla.launch requires of a kernel it may re-run)."""
+    table_size lists). Outputs: lists (contact storage), contacts.max_depth (atomic max). Emptying the
+    lists first (a separate loop of the same launch, so one launch instead of two) makes the kernel safe to
+    re-run as a whole, which vla.launch(..., rollback=False) relies on."""
+    for i in range(model.body_count[None]):
+        lists.clear(base + i)
     cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
     for i in range(model.body_count[None]):

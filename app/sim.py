@@ -156,34 +156,23 @@ class Simulation:
 
     # ------------------------------------------------------------------ stepping
     def step(self):
-        """Advance one dt."""
+        """Advance one dt: 15 kernel launches and one or two host syncs (a launch is the unit of host cost
+        here, so the kernels that can share one do)."""
         from vla import launch
 
         self.contacts.flip()
-        self.contacts.contact_total[None] = 0
+        # Both kernels empty the lists they fill before filling them, so a re-run after a VLA grew needs no
+        # roll back (rollback=False saves a snapshot launch per VLA and step).
+        self.grid.build(self.model, self.state)
+        args = (self.model, self.state, self.grid.cells, self.grid.table_size, self.contacts.lists,
+                self.contacts.base, self.contacts)
         if self.contacts_kind == "vla":
-            # Grid and contacts in one vla.launch: one host sync per step. If either VLA ran out of room, both
-            # roll back and _collide runs again (it is idempotent apart from its appends).
-            launch(self._collide, vlas=[self.grid.cells, self.contacts.lists])
+            launch(kernel_narrowphase, *args, vlas=[self.contacts.lists], rollback=False)
         else:
-            # The padded/dynamic storages count dropped contacts; a re-run would count them twice.
-            launch(self._build_grid, vlas=[self.grid.cells])
-            self._narrowphase()
+            kernel_narrowphase(*args)
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
         self.step_count += 1
-
-    def _build_grid(self):
-        self.contacts.clear_generation(self._n_bodies)
-        self.grid.rebuild(self.model, self.state)
-
-    def _narrowphase(self):
-        kernel_narrowphase(self.model, self.state, self.grid.cells, self.grid.table_size, self.contacts.lists,
-                           self.contacts.base, self.contacts)
-
-    def _collide(self):
-        self._build_grid()
-        self._narrowphase()
 
     def step_frame(self):
         """Advance `substeps` steps, then check health and overflow (one host sync per frame)."""

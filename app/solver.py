@@ -63,6 +63,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     warm = model.warm_start[None]
     threshold = model.restitution_threshold[None]
     n_bodies = model.body_count[None]
+    contacts.contact_total[None] = 0
     for i in range(n_bodies):
         solver.inv_inertia_world[i] = world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i])
     for i in range(n_bodies):

@@ -9,9 +9,9 @@ echo "== VLA tests on CUDA"
 SMOLVLA_TEST_ARCH=cuda timeout 130 python -m pytest tests/test_vla.py -q -x -p no:cacheprovider \
     -k "not random_operation" 2>&1 | tail -2
 echo "== bench vla"
-timeout 110 python run.py bench vla --arch cuda --dists heavy,uniform1024 --repeats 10 --out "$out" 2>&1 | grep -v Warning | tail -12
+timeout 200 python run.py bench vla --arch cuda --dists heavy,uniform1024 --repeats 10 --kernel-times --out "$out" 2>&1 | grep -v Warning | tail -12
 echo "== bench sim"
-timeout 190 python run.py bench sim --arch cuda --warmup 200 --steps 50 --out "$out" 2>&1 | tail -12
+timeout 260 python run.py bench sim --arch cuda --warmup 200 --steps 50 --out "$out" 2>&1 | tail -12
 echo "== bench viewer"
 timeout 70 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml --frames 60 --warmup 10 --out "$out" 2>&1 | tail -8
 echo "== bench batch"

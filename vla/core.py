@@ -24,8 +24,8 @@ list's inline part or its already-owned chunks, the element goes home directly. 
 an overflow area through an atomic bump, tagged with (list, slot). :meth:`VLA.commit` then gives each
 list that ran out a new, larger run of chunks at the end of the pool (its old chunks become a hole,
 reclaimed by the next compaction), so a commit costs in proportion to the lists that grew, not to the
-pool, and moves the overflowed elements home. A list that grows gets ~25% more chunks
-than it needs, so a list creeping upwards frame after frame does not grow every frame. Only when the
+pool, and moves the overflowed elements home. A list that grows gets ~25% (at least one chunk)
+more than it needs, so a list creeping upwards frame after frame does not grow every frame. Only when the
 pool is full does it compact and grow (to ~1.1x the demand, along a 2^(k/4) series).
 If even the overflow area was too small, ``commit`` grows everything to the demand it saw and raises
 :class:`VLAOverflowError`; :func:`vla.launch` catches that, rolls the lengths back and runs the kernel
@@ -156,17 +156,28 @@ def _k_clear_all(v: ti.template()):
 
 
 @ti.kernel
+def _k_grow_targets_from_lengths(v: ti.template(), moved: _i32_nd):
+    """commit(): _k_grow_targets with demand = the current lengths, with headroom."""
+    for i in range(v.num_arrays):
+        need = v._chunks_for(v.length_field[i])
+        m = 0
+        if need > v.table_chunks[i]:
+            m = need + ti.max(1, need // 4)
+        moved[i] = m
+
+
+@ti.kernel
 def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd):
     """moved[i] = the chunks list i gets if it must grow to hold demand[i] elements, else 0.
-    With headroom, a growing list gets ~25% more chunks than it needs (a chunk is headroom enough for a
-    list of a few chunks)."""
+    With headroom, a growing list gets ~25% (at least one chunk) more than it needs, so that a list that
+    creeps upwards frame after frame does not grow every frame."""
     for i in range(v.num_arrays):
         need = v._chunks_for(demand[i])
         m = 0
         if need > v.table_chunks[i]:
             m = need
             if headroom:
-                m = need + need // 4
+                m = need + ti.max(1, need // 4)
         moved[i] = m
 
 
@@ -191,6 +202,7 @@ def _k_move_lists(v: ti.template(), moved: _i32_nd, offset: _i32_nd, bump: ti.i3
             v.table_start[i] = new
             v.table_chunks[i] = m
             ti.atomic_add(v._scalars[3], have)
+    v._scalars[2] = bump + offset[v.num_arrays]
 
 
 @ti.kernel
@@ -245,9 +257,14 @@ def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, tot
 
 @ti.kernel
 def _k_move_overflow_home(v: ti.template(), n: ti.i32):
+    """Store the n parked elements at home, then empty the overflow area (one launch)."""
     for o in range(n):
         meta = v.ovf_meta[o]
-        v.store[v._addr(meta[0], meta[1])] = v.ovf_value[o]
+        # A slot at or past the list's length is dead (the list was emptied since): drop it, as its home
+        # may lie outside the list's chunks.
+        if meta[1] < v.length_field[meta[0]]:
+            v.store[v._addr(meta[0], meta[1])] = v.ovf_value[o]
+    v._scalars[0] = 0
 
 
 @ti.kernel
@@ -546,13 +563,9 @@ class VLA:
         if n_ovf == 0:
             return
         ovf_cap = self._caps["ovf_value"]
-        demand = self._scratch_nd("demand", self.num_arrays)
-        _k_lengths_to_nd(self, demand)
-        self._grow_to(demand, headroom=True)
-        moved = min(n_ovf, ovf_cap)
-        if moved:
-            _k_move_overflow_home(self, moved)
-        self._scalars[0] = 0
+        self._grow_to(None, headroom=True)
+        # (also empties the overflow area)
+        _k_move_overflow_home(self, min(n_ovf, ovf_cap))
         self.overflow_events += 1
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
@@ -823,16 +836,18 @@ class VLA:
         n = self.num_arrays
         moved = self._scratch_nd("moved", n)
         offset = self._scratch_nd("moved_off", n + 1)
-        _k_grow_targets(self, demand, int(headroom), moved)
+        if demand is None:  # commit: the current lengths (one kernel less)
+            _k_grow_targets_from_lengths(self, moved)
+        else:
+            _k_grow_targets(self, demand, int(headroom), moved)
         self._scanner.exclusive(moved, n, offset)
         total = int(offset[n])
         if total == 0:
             return
         self.grow_events += 1
         if self._bump + total <= self._caps["pool_chunks"]:
-            _k_move_lists(self, moved, offset, self._bump)
+            _k_move_lists(self, moved, offset, self._bump)  # (also advances the device's bump)
             self._bump += total
-            self._scalars[2] = self._bump
             return
         target = self._scratch_nd("target", n)
         _k_target_keep(self, moved, target)
@@ -860,7 +875,9 @@ class VLA:
         if regrow and tmp_base:
             _k_inline_to_tmp(self)
         if regrow:
-            cap = max(1, total if shrink else _bucket(total * 1.1))
+            # Geometric (x1.5) when growing, so that a pool that keeps growing re-lays itself out O(log)
+            # times: each re-layout copies the whole store, the inline tier included.
+            cap = max(1, total if shrink else max(_bucket(total * 1.1), _bucket(cap * 1.5)))
             self._regrow("store", self.dtype, self._n_inline + cap * cs)
             self._regrow("table_owner", ti.i32, cap)
             self._caps["pool_chunks"] = cap
@@ -922,7 +939,7 @@ def _find_vlas(obj, found, depth=0):
                     _find_vlas(x, found, depth + 1)
 
 
-def launch(fn, *args, vlas=None, max_retries=8):
+def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
     """Run ``fn(*args)`` (a Taichi kernel, or a Python function launching kernels) without losing appends.
 
     After the call every affected VLA is committed. If any of them had to drop elements, all of them
@@ -932,6 +949,10 @@ def launch(fn, *args, vlas=None, max_retries=8):
 
     The affected VLAs are ``vlas`` if given, else those found among the arguments (also inside
     containers and data-oriented objects, two levels deep), else every live VLA.
+
+    ``rollback=False``: for an ``fn`` that empties every list it appends to before appending (a per-frame
+    rebuild). Re-running it is then safe as it is, so no snapshot of the lengths is taken: one launch per
+    VLA less on every call.
     Returns what ``fn`` returned.
     """
     if vlas is None:
@@ -946,9 +967,12 @@ def launch(fn, *args, vlas=None, max_retries=8):
     snaps = []
     for v in vlas:
         v._check_program()
-        snap = v._scratch_nd("launch_snapshot", v.num_arrays + 1)  # reused: launch allocates nothing
-        _k_snapshot(v, snap)
-        snaps.append((snap, v._caps["ovf_value"]))
+        if rollback:
+            snap = v._scratch_nd("launch_snapshot", v.num_arrays + 1)  # reused: launch allocates nothing
+            _k_snapshot(v, snap)
+            snaps.append((snap, v._caps["ovf_value"]))
+        else:
+            snaps.append((None, v._caps["ovf_value"]))
     for attempt in range(max_retries + 1):
         result = fn(*args)
         lost = []
@@ -956,7 +980,7 @@ def launch(fn, *args, vlas=None, max_retries=8):
             try:
                 v.commit()  # one host read per VLA when nothing overflowed
             except VLAOverflowError as e:
-                if int(snap[v.num_arrays]) > ovf_cap:
+                if snap is not None and int(snap[v.num_arrays]) > ovf_cap:
                     raise VLAOverflowError(
                         f"vla.launch: VLA {v.name!r} had already lost appends made before this call (outside "
                         f"launch), which re-running {getattr(fn, '__name__', fn)} cannot restore: {e}",
@@ -965,7 +989,8 @@ def launch(fn, *args, vlas=None, max_retries=8):
         if not lost:
             return result
         for v, (snap, _) in zip(vlas, snaps):
-            _k_nd_to_lengths(v, snap)
+            if snap is not None:
+                _k_nd_to_lengths(v, snap)
     raise VLAOverflowError(
         f"vla.launch: {getattr(fn, '__name__', fn)} still overflowed after {max_retries} retries "
         f"(its appends are not deterministic in count?): {lost[0]}")

@@ -13,18 +13,16 @@ _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 
 @ti.kernel
-def _scan_block_sums(src: _i32_nd, n: ti.i32, block_sum: _i32_nd):
+def _scan(src: _i32_nd, n: ti.i32, block_sum: _i32_nd, dst: _i32_nd):
+    """The three passes as three loops of one kernel: Taichi runs a kernel's top-level loops one after the
+    other, each finished everywhere before the next starts, and one launch costs less than three."""
     nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
     for b in range(nb):
         s = 0
         for j in range(b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n)):
             s += src[j]
         block_sum[b] = s
-
-
-@ti.kernel
-def _scan_serial(block_sum: _i32_nd, nb: ti.i32):
-    # Exclusive scan in place; block_sum[nb] receives the total.
+    # Exclusive scan of the block sums in place; block_sum[nb] receives the total.
     acc = 0
     ti.loop_config(serialize=True)
     for b in range(nb):
@@ -32,16 +30,11 @@ def _scan_serial(block_sum: _i32_nd, nb: ti.i32):
         block_sum[b] = acc
         acc += t
     block_sum[nb] = acc
-
-
-@ti.kernel
-def _scan_apply(src: _i32_nd, n: ti.i32, block_sum: _i32_nd, dst: _i32_nd):
-    nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
     for b in range(nb):
-        acc = block_sum[b]
+        run = block_sum[b]
         for j in range(b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n)):
-            dst[j] = acc
-            acc += src[j]
+            dst[j] = run
+            run += src[j]
     dst[n] = block_sum[nb]
 
 
@@ -61,7 +54,4 @@ class Scanner:
     def exclusive(self, src, n: int, dst) -> None:
         """dst[0..n] = exclusive prefix sum of src[0..n-1]; dst[n] is the total. dst has n+1 items."""
         self.reserve(n)
-        nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
-        _scan_block_sums(src, n, self.block_sum)
-        _scan_serial(self.block_sum, nb)
-        _scan_apply(src, n, self.block_sum, dst)
+        _scan(src, n, self.block_sum, dst)
