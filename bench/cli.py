@@ -9,6 +9,7 @@ BENCHES = {
     "filter": "bench.filter_bench",
     "viewer": "bench.viewer_bench",
     "batch": "bench.batch_bench",
+    "profile": "bench.profile_bench",
 }
 
 

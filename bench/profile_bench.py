@@ -1,0 +1,61 @@
+"""Per-kernel device time of simulator steps: where a step's time goes, for each contact storage.
+
+    python run.py bench profile [--scene pile_1m] [--storages vla,padded] [--warmup 200] [--steps 20] [--arch ...]
+
+Runs Taichi with its kernel profiler (CUDA events per launch), simulates --warmup steps, then prints the
+profiler's per-kernel table for --steps steps and the wall time per step (which the profiler itself
+inflates a little). Wall time minus the kernels' total is the host's share: launches and syncs.
+"""
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="run.py bench profile", description=__doc__.splitlines()[0])
+    p.add_argument("--scene", default="pile_1m", help="scene name in scenes/ (default pile_1m)")
+    p.add_argument("--storages", default="vla,padded")
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
+    args = p.parse_args(argv)
+    from app.errors import UserError
+
+    path = os.path.join(ROOT, "scenes", f"{args.scene}.yaml")
+    if not os.path.exists(path):
+        raise UserError(f"--scene: no scene {args.scene!r} in scenes/ (expected a file {path})")
+    storages = [s for s in args.storages.split(",") if s]
+    for s in storages:
+        if s not in ("vla", "padded", "dynamic"):
+            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic")
+    import taichi as ti
+
+    from bench.common import init_taichi
+    from app.headless import get_simulation
+    from app.scene import load_scene
+
+    arch = init_taichi(args.arch, kernel_profiler=True)
+    for storage in storages:
+        sim = get_simulation(load_scene(path, (f"sim.contacts={storage}",)), verbose=False)
+        for _ in range(args.warmup):
+            sim.step()
+        ti.sync()
+        ti.profiler.clear_kernel_profiler_info()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            sim.step()
+        ti.sync()
+        wall = (time.perf_counter() - t0) / args.steps * 1e3
+        device = ti.profiler.get_kernel_profiler_total_time() * 1e3 / args.steps
+        print(f"\n{args.scene} ({sim.body_count} bodies), contacts {storage}, arch {arch}: {wall:.2f} ms/step wall, "
+              f"{device:.2f} ms/step in kernels, {int(sim.contacts.contact_total[None])} contacts", flush=True)
+        ti.profiler.print_kernel_profiler_info("count")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    sys.exit(main())
