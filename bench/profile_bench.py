@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--host", action="store_true",
+                   help="also profile the host side of the timed steps (cProfile, top functions by own time)")
     args = p.parse_args(argv)
     from app.errors import UserError
 
@@ -44,15 +46,26 @@ def main(argv=None) -> int:
             sim.step()
         ti.sync()
         ti.profiler.clear_kernel_profiler_info()
+        prof = None
+        if args.host:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             sim.step()
         ti.sync()
         wall = (time.perf_counter() - t0) / args.steps * 1e3
+        if prof is not None:
+            import pstats
+            prof.disable()
         device = ti.profiler.get_kernel_profiler_total_time() * 1e3 / args.steps
         print(f"\n{args.scene} ({sim.body_count} bodies), contacts {storage}, arch {arch}: {wall:.2f} ms/step wall, "
               f"{device:.2f} ms/step in kernels, {int(sim.contacts.contact_total[None])} contacts", flush=True)
         ti.profiler.print_kernel_profiler_info("count")
+        if prof is not None:
+            print(f"host side of {args.steps} steps, top functions by own time:")
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(12)
     return 0
 
 
