@@ -36,10 +36,16 @@ def detect_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
 
 
+# Every GPU worker runs with NVLink multicast off (the lent multi-GPU machines require it; our workers use
+# no NCCL, so this changes nothing for them). A value the user set wins.
+NO_NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
 def slot_envs(workers: int, gpus: list[str], base_env: dict | None = None) -> list[dict]:
     """The environment of each worker slot: its GPU when there are GPUs, else a share of the CPU cores."""
     base = dict(os.environ if base_env is None else base_env)
     if gpus:
+        base = {**NO_NVLS_ENV, **base}
         return [{**base, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} for i in range(workers)]
     return [cpu_threads_env(base, workers) for _ in range(workers)]
 

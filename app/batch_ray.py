@@ -44,7 +44,9 @@ def _ray_task(spec: RunSpec, scene_text: bytes, argv_fn, record: bool, timeout: 
             Path(scene_path).parent.mkdir()
             Path(scene_path).write_bytes(scene_text)
         out = work / "out"
-        env = {**os.environ, **env_extra}
+        from app.batch_process import NO_NVLS_ENV
+
+        env = {**NO_NVLS_ENV, **os.environ, **env_extra}  # NVLink multicast off unless the user set it
         result = run_worker(argv_fn(spec, out, scene_path=scene_path), out, record, env=env, timeout=timeout)
         result["files"] = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} if out.is_dir() else {}
         result["worker"] = worker_info(os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -248,6 +248,9 @@ def test_workers_get_one_gpu_each_or_a_share_of_the_cores(tmp_path, scene, stand
 
     envs = slot_envs(3, ["0", "1"], base_env={})
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0"]
+    assert all(e["NCCL_NVLS_ENABLE"] == "0" and e["NVSHMEM_DISABLE_NVLS"] == "1"
+               and e["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for e in envs)  # NVLink multicast off
+    assert slot_envs(1, ["0"], base_env={"NCCL_NVLS_ENABLE": "1"})[0]["NCCL_NVLS_ENABLE"] == "1"  # user wins
     envs = slot_envs(2, [], base_env={})
     cores = len(os.sched_getaffinity(0))
     assert all(e["TI_CPU_MAX_NUM_THREADS"] == str(max(1, cores // 2)) for e in envs)
