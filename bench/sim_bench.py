@@ -43,12 +43,17 @@ def _landing_steps(scene) -> int:
 def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True) -> dict:
     import taichi as ti
 
-    from app.headless import get_simulation
+    import gc
+
     from app.scene import load_scene
+    from app.sim import Simulation
 
     scene = load_scene(scene_path, tuple(overrides) + (f"sim.contacts={storage}",))
+    gc.collect()  # the previous run's fields go before this one allocates
     t_build = time.perf_counter()
-    sim = get_simulation(scene, verbose=verbose)
+    # A fresh Simulation, not app.headless.get_simulation's cached one: a simulation sized for an earlier,
+    # larger scene would be reused, and its memory (and speed) reported for this one.
+    sim = Simulation(scene, verbose=verbose)
     warm = _landing_steps(scene) if warmup_steps is None else int(warmup_steps)
     for _ in range(warm):
         sim.step()
