@@ -221,17 +221,14 @@ class ContactSet:
     def prev_base(self) -> int:
         return (1 - self.generation) * self.body_capacity
 
-    def begin_step(self, body_count: int):
-        """Flip generations and empty the one about to be rebuilt (last step's stays for warm starting)."""
-        self.flip()
-        self.clear_generation(body_count)
-
     def flip(self):
-        """Make the other generation the one this step builds (host only; kernels get the bases as args)."""
+        """Make the other generation the one this step builds (host only; kernels get the bases as args).
+        kernel_narrowphase empties that generation's lists itself; last step's stay for warm starting."""
         self.generation = 1 - self.generation
 
-    def clear_generation(self, body_count: int):
-        """Empty the lists of the generation being built (idempotent: safe inside vla.launch)."""
+    def begin_step(self, body_count: int):
+        """flip() and empty the new generation's lists, for callers that fill them without the narrowphase."""
+        self.flip()
         _k_clear_lists(self.lists, self.base, self.base + body_count)
 
     def set_limit(self, max_per_body: int):

@@ -157,28 +157,15 @@ def _k_clear_all(v: ti.template()):
 
 @ti.kernel
 def _k_grow_targets_from_lengths(v: ti.template(), moved: _i32_nd):
-    """commit(): _k_grow_targets with demand = the current lengths, with headroom."""
+    """commit(): _k_grow_targets with demand = the current lengths, with headroom (one kernel less)."""
     for i in range(v.num_arrays):
-        need = v._chunks_for(v.length_field[i])
-        m = 0
-        if need > v.table_chunks[i]:
-            m = need + ti.max(1, need // 4)
-        moved[i] = m
+        moved[i] = v._grow_target(i, v.length_field[i], 1)
 
 
 @ti.kernel
 def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd):
-    """moved[i] = the chunks list i gets if it must grow to hold demand[i] elements, else 0.
-    With headroom, a growing list gets ~25% (at least one chunk) more than it needs, so that a list that
-    creeps upwards frame after frame does not grow every frame."""
     for i in range(v.num_arrays):
-        need = v._chunks_for(demand[i])
-        m = 0
-        if need > v.table_chunks[i]:
-            m = need
-            if headroom:
-                m = need + ti.max(1, need // 4)
-        moved[i] = m
+        moved[i] = v._grow_target(i, demand[i], headroom)
 
 
 @ti.kernel
@@ -536,6 +523,19 @@ class VLA:
     @ti.func
     def _chunks_for(self, n):
         return (ti.max(0, n - self.inline_capacity) + self.chunk_size - 1) >> self._chunk_shift
+
+    @ti.func
+    def _grow_target(self, i, demand, headroom):
+        """Chunks list i gets if it must grow to hold ``demand`` elements, else 0. With headroom, a growing
+        list gets ~25% (at least one chunk) more than it needs, so that a list that creeps upwards frame
+        after frame does not grow every frame."""
+        need = self._chunks_for(demand)
+        m = 0
+        if need > self.table_chunks[i]:
+            m = need
+            if headroom:
+                m = need + ti.max(1, need // 4)
+        return m
 
     @ti.func
     def _addr_at(self, i, k, t_start):
