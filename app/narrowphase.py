@@ -17,7 +17,7 @@ is passed as `lists`.
 import taichi as ti
 
 from app.atomics import atomic_max_rare
-from app.broadphase import grid_cell_of, grid_hash
+from app.broadphase import grid_bucket, grid_cell_of
 from app.contacts import ContactRecord
 from app.math3d import quat_to_mat, sign_nz
 
@@ -384,20 +384,22 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 
 
 @ti.kernel
-def kernel_narrowphase(model: ti.template(), state: ti.template(), cells: ti.template(), table_size: ti.i32,
-                       lists: ti.template(), base: ti.i32, contacts: ti.template()):
+def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
+                       base: ti.i32, contacts: ti.template()):
     """Empty lists[base + body] for every body, then find every contact of this step and append it to
     lists[base + body] (both bodies for pairs).
 
-    Inputs: model (shapes, planes, grid_cell_size, contact_margin), state (poses), cells (grid VLA of
-    table_size lists). Outputs: lists (contact storage), contacts.max_depth (atomic max). Emptying the
+    Inputs: model (shapes, planes, grid_cell_size, contact_margin), state (poses), grid (app.broadphase.Grid,
+    built from these poses: cell lists and body_order; threads take bodies in body_order so that a warp's
+    threads share neighbour cells and bodies in cache). Outputs: lists (contact storage), contacts.max_depth (atomic max). Emptying the
     lists first (a separate loop of the same launch, so one launch instead of two) makes the kernel safe to
     re-run as a whole, which vla.launch(..., rollback=False) relies on."""
     for i in range(model.body_count[None]):
         lists.clear(base + i)
     cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
-    for i in range(model.body_count[None]):
+    for t in range(model.body_count[None]):
+        i = grid.body_order[t]
         pi_ = state.body_pos[i]
         Ri = quat_to_mat(state.body_quat[i])
         shape_i = model.body_shape[i]
@@ -416,37 +418,30 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), cells: ti.tem
                     lists.append(base + i, _record(point, m.normal, m.depth[q], -1 - k, m.feature[q]))
                     atomic_max_rare(contacts.max_depth, m.depth[q])
         c = grid_cell_of(pi_, cs)
-        seen = ti.Vector.zero(ti.i32, 27)
         for nb in range(27):
-            cc = c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1])
-            h = grid_hash(cc, table_size)
-            seen[nb] = h
-            dup = False
-            for q in range(nb):
-                if seen[q] == h:
-                    dup = True
-            if not dup:
-                for s in range(cells.length(h)):
-                    j = cells.get(h, s)
-                    if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
-                        pj = state.body_pos[j]
-                        rj = model.body_radius[j]
-                        if (pj - pi_).norm() <= ri + rj + margin:
-                            shape_j = model.body_shape[j]
-                            m = manifold_empty()
-                            if shape_i == 0 and shape_j == 0:
-                                m = collide_sphere_sphere(pi_, ri, pj, rj, margin)
-                            elif shape_i == 1 and shape_j == 1:
-                                m = collide_box_box(pi_, Ri, hi, pj, quat_to_mat(state.body_quat[j]),
-                                                    model.body_half_extents[j], margin)
-                            elif shape_i == 0:
-                                m = sphere_box_manifold(pi_, ri, pj, quat_to_mat(state.body_quat[j]),
-                                                        model.body_half_extents[j], margin, True)
-                            else:
-                                m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
-                            # both bodies get every point; normals mirrored so each copy pushes its owner
-                            for q in range(m.count):
-                                point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-                                lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
-                                lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
-                                atomic_max_rare(contacts.max_depth, m.depth[q])
+            # 27 distinct buckets (the grid's period is >= 4 cells per axis): no duplicate visits
+            h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
+            for s in range(grid.cells.length(h)):
+                j = grid.cells.get(h, s)
+                if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
+                    pj = state.body_pos[j]
+                    rj = model.body_radius[j]
+                    if (pj - pi_).norm() <= ri + rj + margin:
+                        shape_j = model.body_shape[j]
+                        m = manifold_empty()
+                        if shape_i == 0 and shape_j == 0:
+                            m = collide_sphere_sphere(pi_, ri, pj, rj, margin)
+                        elif shape_i == 1 and shape_j == 1:
+                            m = collide_box_box(pi_, Ri, hi, pj, quat_to_mat(state.body_quat[j]),
+                                                model.body_half_extents[j], margin)
+                        elif shape_i == 0:
+                            m = sphere_box_manifold(pi_, ri, pj, quat_to_mat(state.body_quat[j]),
+                                                    model.body_half_extents[j], margin, True)
+                        else:
+                            m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
+                        # both bodies get every point; normals mirrored so each copy pushes its owner
+                        for q in range(m.count):
+                            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+                            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
+                            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
+                            atomic_max_rare(contacts.max_depth, m.depth[q])

@@ -164,14 +164,14 @@ class Simulation:
         # Both kernels empty the lists they fill before filling them, so a re-run after a VLA grew needs no
         # roll back (rollback=False saves a snapshot launch per VLA and step).
         self.grid.build(self.model, self.state)
-        args = (self.model, self.state, self.grid.cells, self.grid.table_size, self.contacts.lists,
-                self.contacts.base, self.contacts)
+        args = (self.model, self.state, self.grid, self.contacts.lists, self.contacts.base, self.contacts)
         if self.contacts_kind == "vla":
             launch(kernel_narrowphase, *args, vlas=[self.contacts.lists], rollback=False)
         else:
             kernel_narrowphase(*args)
         self.solver.iterations = self.solver_iterations
-        self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
+        self.solver.step(self.state, self.state, self.contacts, self.grid.body_order, self.dt, self.step_count,
+                         self.health)
         self.step_count += 1
 
     def step_frame(self):

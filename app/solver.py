@@ -52,11 +52,13 @@ def _key_less(a, b):
 
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
-                   prev_base: ti.i32, solver: ti.template(), contacts: ti.template(), dt: ti.f32):
+                   prev_base: ti.i32, solver: ti.template(), contacts: ti.template(), order: ti.template(),
+                   dt: ti.f32):
     """Per body: sort its list, warm-start from last step's list, compute restitution targets, apply
     gravity and the warm-start impulses into solver buffer 0, and count contacts.
 
-    Reads state (poses and velocities at the start of the step), model, lists[prev_base + i].
+    Reads state (poses and velocities at the start of the step), model, lists[prev_base + i], order (every
+    body once; neighbours next to each other, see JacobiSolver.step).
     Writes lists[base + i] (impulses, bias), solver.vel/omega/pvel/pomega[0, i], solver.inv_inertia_world[i],
     contacts.contact_total (each pair counted once)."""
     g = model.gravity[None]
@@ -66,7 +68,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     contacts.contact_total[None] = 0
     for i in range(n_bodies):
         solver.inv_inertia_world[i] = world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i])
-    for i in range(n_bodies):
+    for t in range(n_bodies):
+        i = order[t]
         li = base + i
         n = lists.length(li)
         # insertion sort: lists are short, and a fixed order makes the float sums (and therefore the motion)
@@ -142,13 +145,14 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 
 @ti.kernel
 def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
-                           solver: ti.template(), src: ti.i32, dt: ti.f32):
+                           solver: ti.template(), order: ti.template(), src: ti.i32, dt: ti.f32):
     """One Jacobi + mass-splitting iteration: reads solver buffers [src], writes [1 - src] and each body's
     own contact records (accumulated impulses)."""
     dst = 1 - src
     slop = model.slop[None]
     beta = model.position_correction[None]
-    for i in range(model.body_count[None]):
+    for t in range(model.body_count[None]):
+        i = order[t]
         li = base + i
         n_i = lists.length(li)
         inv_m = model.body_inv_mass[i]
@@ -259,13 +263,19 @@ class JacobiSolver:
         self.pomega = ti.Vector.field(3, ti.f32, (2, n))
         self.inv_inertia_world = ti.Matrix.field(3, 3, ti.f32, n)
 
-    def step(self, state_in, state_out, contacts, dt: float, step_index: int = 0, health=None):
+    def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate
         state_in -> state_out. state_in may be state_out: integration reads and writes only each body's
-        own slots."""
-        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, contacts.prev_base, self, contacts, dt)
+        own slots.
+
+        order: i32 field holding every body index once, in the order threads take them (app.broadphase.Grid
+        .body_order: sorted by grid cell, so a warp gathers neighbours that share contacts: the other body's
+        velocity is then mostly in cache). Any permutation gives the same result: each thread writes only
+        its own body, from the previous iteration's buffers."""
+        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, contacts.prev_base, self, contacts,
+                       order, dt)
         src = 0
         for _ in range(self.iterations):
-            kernel_solve_iteration(self.model, state_in, contacts.lists, contacts.base, self, src, dt)
+            kernel_solve_iteration(self.model, state_in, contacts.lists, contacts.base, self, order, src, dt)
             src = 1 - src
         kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health)

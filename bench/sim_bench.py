@@ -80,11 +80,43 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     }
 
 
+def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch) -> dict:
+    """bench_one in a fresh process: each run starts from an empty device (Taichi does not give field memory
+    back), and a run that crashes the device context (Taichi's `dynamic` SNode asserts on the device when
+    its allocator runs dry) is reported as a failed row instead of ending the whole benchmark."""
+    import subprocess
+
+    job = json.dumps({"path": path, "storage": storage, "steps": steps, "overrides": list(overrides),
+                      "warmup": warmup, "arch": arch})
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", job], capture_output=True,
+                          text=True, cwd=ROOT)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()][-3:]
+    name = os.path.splitext(os.path.basename(path))[0]
+    return {"scene": name, "storage": storage, "error": f"exit code {proc.returncode}: " + " | ".join(tail)[-400:]}
+
+
+def _run_one(job_json: str) -> int:
+    from app.headless import ensure_taichi
+
+    job = json.loads(job_json)
+    arch = ensure_taichi(job["arch"], verbose=False)
+    r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False)
+    r["arch"] = arch
+    print(json.dumps(r), flush=True)
+    return 0
+
+
 def _table(rows) -> str:
     out = ["| scene | bodies | storage | ms/step | steps/s | contacts | contact memory (MiB) | vs padded: speed | "
            "vs padded: memory | overflow |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded"}
+    padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded" and "error" not in r}
     for r in rows:
+        if "error" in r:
+            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | |")
+            continue
         p = padded.get((r["scene"], r["bodies"]))
         speed = f"{p['ms_per_step'] / r['ms_per_step']:.2f}x" if p else "-"
         mem = f"{r['contact_reserved_bytes'] / p['contact_reserved_bytes']:.2f}x" if p else "-"
@@ -97,6 +129,9 @@ def _table(rows) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--one"]:
+        return _run_one(argv[1])
     p = argparse.ArgumentParser(prog="run.py bench sim", description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="a few thousand bodies (CPU-sized)")
     p.add_argument("--out", default=os.path.join("out", "bench_sim"))
@@ -107,25 +142,29 @@ def main(argv=None) -> int:
     p.add_argument("--scenes", default="pile_100k,pile_1m", help="comma list of scene names in scenes/")
     args = p.parse_args(argv)
     from app.errors import UserError
-    from app.headless import ensure_taichi
 
     storages = [s.strip() for s in args.storages.split(",") if s.strip()]
     for s in storages:
         if s not in STORAGES:
             raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic")
-    arch = ensure_taichi(args.arch)
+    arch = args.arch  # Taichi runs in the per-run subprocesses only (which report the arch they took)
     steps = args.steps or (40 if args.small else 200)
     rows = []
     for name in [s.strip() for s in args.scenes.split(",") if s.strip()]:
         path = os.path.join(ROOT, "scenes", f"{name}.yaml")
+        if not os.path.exists(path):
+            raise UserError(f"--scenes: no scene {name!r} in scenes/ (expected a file {path})")
         overrides = SMALL_OVERRIDES.get(name, ()) if args.small else ()
         for storage in storages:
-            r = bench_one(path, storage, steps, overrides, args.warmup)
-            r["arch"] = arch
+            r = _bench_in_subprocess(path, storage, steps, overrides, args.warmup, args.arch)
             rows.append(r)
+            if "error" in r:
+                print(f"{name:10s} {storage:8s} FAILED: {r['error']}", file=sys.stderr)
+                continue
             print(f"{name:10s} {r['bodies']:8d} bodies  {storage:8s} {r['ms_per_step']:8.2f} ms/step  "
                   f"{r['contacts_at_end']:9d} contacts  {r['contact_reserved_bytes'] / 2**20:9.1f} MiB  "
                   f"overflow {r['padded_overflow']}", file=sys.stderr)
+    arch = next((r["arch"] for r in rows if "arch" in r), arch)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "sim_bench.json"), "w") as fh:
         json.dump({"arch": arch, "small": args.small, "steps": steps, "runs": rows}, fh, indent=1)

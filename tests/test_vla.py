@@ -566,3 +566,18 @@ def test_capacity_error_names_the_knob():
     v = VLA(2, ti.i32, name="cap")
     with pytest.raises(VLACapacityError, match="32-bit"):
         v._alloc("pool_probe", ti.i32, 2**31)
+
+
+@pytest.mark.parametrize("n", [0, 1, 511, 512, 513, 512 * 64 * 3 + 17])
+def test_scan_matches_numpy_cumsum(n):
+    # n spans 0, one partial block, exact blocks, and several super-blocks (the hierarchical middle pass)
+    from vla.scan import Scanner
+
+    rng = np.random.default_rng(n)
+    src_np = rng.integers(0, 9, size=max(n, 1)).astype(np.int32)
+    src = ti.ndarray(ti.i32, max(n, 1))
+    src.from_numpy(src_np)
+    dst = ti.ndarray(ti.i32, n + 1)
+    Scanner(n).exclusive(src, n, dst)
+    expect = np.concatenate([[0], np.cumsum(src_np[:n])])
+    assert np.array_equal(dst.to_numpy(), expect)

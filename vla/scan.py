@@ -1,55 +1,89 @@
-"""Device-side exclusive prefix sum over an int32 ndarray.
+"""Device-side exclusive prefix sum, on any backend, as a function that kernels inline.
 
-Blocked three-pass scan: per-block sums (one thread per block of ``SCAN_BLOCK`` items), a serial scan
-of the block sums (n / SCAN_BLOCK items, a few thousand at most), then each block writes its
-offsets. O(n) work on any backend; used by commit/trim/to_csr, never by the append or read paths.
+Blocked scan in five loops (Taichi runs a kernel's top-level loops one after the other, each finished
+everywhere before the next starts): per-block sums (one thread per block of ``SCAN_BLOCK`` items),
+per-super-block sums (one thread per ``SCAN_FAN`` blocks), a serial scan of the super-block sums, the
+super-block offsets spread back to their blocks, and each block writing its items' offsets. The serial
+part walks n / (SCAN_BLOCK * SCAN_FAN) items (64 for 2M items): a single GPU thread walking every block
+sum instead cost 0.57 ms per scan at 2M items on the H200 (dependent global loads, ~140 ns each).
+O(n) work; used by commit/trim/to_csr and by the simulator's grid, never by the append or read paths.
 Taichi's own ``PrefixSumExecutor`` only runs on CUDA/Vulkan, and this must run on the CPU too.
 """
 import taichi as ti
 
 SCAN_BLOCK = 512
+SCAN_FAN = 64
 
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 
-@ti.kernel
-def _scan(src: _i32_nd, n: ti.i32, block_sum: _i32_nd, dst: _i32_nd):
-    """The three passes as three loops of one kernel: Taichi runs a kernel's top-level loops one after the
-    other, each finished everywhere before the next starts, and one launch costs less than three."""
+def scan_scratch_size(n: int) -> int:
+    """Entries of the `block_sum` scratch that exclusive_scan needs for n items."""
     nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
+    return nb + (nb + SCAN_FAN - 1) // SCAN_FAN + 2
+
+
+@ti.func
+def exclusive_scan(src: ti.template(), item: ti.template(), n, block_sum: ti.template(), dst: ti.template()):
+    """dst[j] = item(src, 0) + ... + item(src, j - 1) for j in [0, n]; dst[n] is the total.
+
+    Call at the top level of a kernel (its loops must stay top-level loops to run in parallel).
+    item: a ti.func (src, j) -> i32. block_sum: scratch of scan_scratch_size(n) i32 entries. dst: n + 1
+    entries (field or ndarray)."""
+    nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
+    nsb = (nb + SCAN_FAN - 1) // SCAN_FAN
     for b in range(nb):
         s = 0
         for j in range(b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n)):
-            s += src[j]
+            s += item(src, j)
         block_sum[b] = s
-    # Exclusive scan of the block sums in place; block_sum[nb] receives the total.
+    for sb in range(nsb):
+        s = 0
+        for b in range(sb * SCAN_FAN, ti.min((sb + 1) * SCAN_FAN, nb)):
+            s += block_sum[b]
+        block_sum[nb + sb] = s
     acc = 0
     ti.loop_config(serialize=True)
-    for b in range(nb):
-        t = block_sum[b]
-        block_sum[b] = acc
+    for sb in range(nsb):
+        t = block_sum[nb + sb]
+        block_sum[nb + sb] = acc
         acc += t
-    block_sum[nb] = acc
+    dst[n] = acc
+    for sb in range(nsb):
+        run = block_sum[nb + sb]
+        for b in range(sb * SCAN_FAN, ti.min((sb + 1) * SCAN_FAN, nb)):
+            t = block_sum[b]
+            block_sum[b] = run
+            run += t
     for b in range(nb):
         run = block_sum[b]
         for j in range(b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n)):
             dst[j] = run
-            run += src[j]
-    dst[n] = block_sum[nb]
+            run += item(src, j)
+
+
+@ti.func
+def _nd_item(src: ti.template(), j):
+    return src[j]
+
+
+@ti.kernel
+def _scan(src: _i32_nd, n: ti.i32, block_sum: _i32_nd, dst: _i32_nd):
+    exclusive_scan(src, _nd_item, n, block_sum, dst)
 
 
 class Scanner:
     """Holds the block-sum scratch for scans of up to ``capacity`` items."""
 
     def __init__(self, capacity: int):
-        self.capacity = 0
+        self.capacity = -1
         self.block_sum = None
         self.reserve(capacity)
 
     def reserve(self, capacity: int):
         if capacity > self.capacity:
             self.capacity = capacity
-            self.block_sum = ti.ndarray(ti.i32, shape=capacity // SCAN_BLOCK + 2)
+            self.block_sum = ti.ndarray(ti.i32, shape=scan_scratch_size(capacity))
 
     def exclusive(self, src, n: int, dst) -> None:
         """dst[0..n] = exclusive prefix sum of src[0..n-1]; dst[n] is the total. dst has n+1 items."""
