@@ -74,6 +74,42 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         grid.body_order[grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]] = i
 
 
+@ti.kernel
+def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
+    """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists the bodies j > i
+    whose bounding spheres come within the contact margin of body i = grid.body_order[t], and -1 - k for
+    each plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
+
+    A cheap, uniform pass: finding candidates and computing contact geometry are separate kernels because
+    in one thread per body the warp's 32 threads meet their heavy box-box pairs at different loop
+    iterations and run them one after the other. Lists are indexed by order position t (not body i) so
+    that the narrowphase's flat walk over them stays in Z-order."""
+    n = model.body_count[None]
+    for t in range(grid.pairs.num_arrays):  # all of them: a reloaded, smaller scene must not leave stale pairs
+        grid.pairs.clear(t)
+    cs = model.grid_cell_size[None]
+    margin = model.contact_margin[None]
+    for t in range(n):
+        i = grid.body_order[t]
+        pi_ = state.body_pos[i]
+        ri = model.body_radius[i]
+        fixed_i = model.body_inv_mass[i] == 0.0
+        if not fixed_i:
+            for k in range(model.plane_count[None]):
+                # no point of the body can be deeper than its bounding sphere
+                if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -margin:
+                    grid.pairs.append(t, -1 - k)
+        c = grid_cell_of(pi_, cs)
+        for nb in range(27):
+            # 27 distinct buckets (the grid's period is >= 4 cells per axis): no duplicate visits
+            h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
+            for s in range(grid.cells.length(h)):
+                j = grid.cells.get(h, s)
+                if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
+                    if (state.body_pos[j] - pi_).norm() <= ri + model.body_radius[j] + margin:
+                        grid.pairs.append(t, j)
+
+
 @ti.data_oriented
 class Grid:
     """Owns the cell lists and the body order.
@@ -83,6 +119,7 @@ class Grid:
     body_order: i32 (body_capacity,): body indices sorted by bucket (Z-order); body_bucket, body_slot: each
         body's bucket and its index in that bucket's list; bucket_start: i32 (table_size + 1,), first
         position of each bucket in body_order. Valid after build() until the bodies move.
+    pairs: vla.VLA(body_capacity, ti.i32): candidate pairs per order position (kernel_candidate_pairs).
     """
 
     def __init__(self, body_capacity: int):
@@ -108,6 +145,9 @@ class Grid:
         self.body_slot = ti.field(ti.i32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
         self.scan_scratch = ti.field(ti.i32, scan_scratch_size(self.table_size))
+        # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
+        # 4 inline and 4-element chunks; the pool starts with room for two more per body on average.
+        self.pairs = VLA(n, ti.i32, inline_capacity=4, chunk_size=4, reserve=2 * n, name="candidate_pairs")
 
     def build(self, model, state):
         """Rebuild the cell lists and body_order from the current positions (through vla.launch: no body is

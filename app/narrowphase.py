@@ -17,7 +17,6 @@ is passed as `lists`.
 import taichi as ti
 
 from app.atomics import atomic_max_rare
-from app.broadphase import grid_bucket, grid_cell_of
 from app.contacts import ContactRecord
 from app.math3d import quat_to_mat, sign_nz
 
@@ -383,65 +382,86 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
     return m
 
 
+@ti.func
+def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
+                   base, contacts: ti.template(), margin, t, j):
+    """Contact geometry of one candidate pair (body i = grid.body_order[t] with body j, or plane -1 - j when
+    j < 0), appended to lists[base + i] (and lists[base + j] for a body pair, normal mirrored)."""
+    i = grid.body_order[t]
+    pi_ = state.body_pos[i]
+    Ri = quat_to_mat(state.body_quat[i])
+    shape_i = model.body_shape[i]
+    ri = model.body_radius[i]
+    hi = model.body_half_extents[i]
+    if j < 0:
+        k = -1 - j
+        m = manifold_empty()
+        if shape_i == 0:
+            m = collide_sphere_plane(model, pi_, ri, k, margin)
+        else:
+            m = collide_box_plane(model, pi_, Ri, hi, k, margin)
+        for q in range(m.count):
+            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+            lists.append(base + i, _record(point, m.normal, m.depth[q], j, m.feature[q]))
+            atomic_max_rare(contacts.max_depth, m.depth[q])
+    else:
+        pj = state.body_pos[j]
+        rj = model.body_radius[j]
+        shape_j = model.body_shape[j]
+        m = manifold_empty()
+        if shape_i == 0 and shape_j == 0:
+            m = collide_sphere_sphere(pi_, ri, pj, rj, margin)
+        elif shape_i == 1 and shape_j == 1:
+            m = collide_box_box(pi_, Ri, hi, pj, quat_to_mat(state.body_quat[j]), model.body_half_extents[j], margin)
+        elif shape_i == 0:
+            m = sphere_box_manifold(pi_, ri, pj, quat_to_mat(state.body_quat[j]), model.body_half_extents[j], margin,
+                                    True)
+        else:
+            m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
+        # both bodies get every point; normals mirrored so each copy pushes its owner
+        for q in range(m.count):
+            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
+            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
+            atomic_max_rare(contacts.max_depth, m.depth[q])
+
+
 @ti.kernel
 def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
                        base: ti.i32, contacts: ti.template()):
-    """Empty lists[base + body] for every body, then find every contact of this step and append it to
-    lists[base + body] (both bodies for pairs).
+    """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
+    grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
 
-    Inputs: model (shapes, planes, grid_cell_size, contact_margin), state (poses), grid (app.broadphase.Grid,
-    built from these poses: cell lists and body_order; threads take bodies in body_order so that a warp's
-    threads share neighbour cells and bodies in cache). Outputs: lists (contact storage), contacts.max_depth (atomic max). Emptying the
-    lists first (a separate loop of the same launch, so one launch instead of two) makes the kernel safe to
-    re-run as a whole, which vla.launch(..., rollback=False) relies on."""
+    One thread per candidate pair, over the pairs VLA's flat slots (load-balanced, in Z-order), then over
+    its pending appends (the pairs are not committed yet when both kernels run inside one vla.launch).
+    Inputs: model (shapes, planes, contact_margin), state (poses), grid (body_order, pairs). Outputs: lists
+    (contact storage), contacts.max_depth (atomic max). Emptying the lists first (a separate loop of the same
+    launch) makes the kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
     for i in range(model.body_count[None]):
         lists.clear(base + i)
-    cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
-    for t in range(model.body_count[None]):
-        i = grid.body_order[t]
-        pi_ = state.body_pos[i]
-        Ri = quat_to_mat(state.body_quat[i])
-        shape_i = model.body_shape[i]
-        ri = model.body_radius[i]
-        hi = model.body_half_extents[i]
-        fixed_i = model.body_inv_mass[i] == 0.0
-        if not fixed_i:
-            for k in range(model.plane_count[None]):
-                m = manifold_empty()
-                if shape_i == 0:
-                    m = collide_sphere_plane(model, pi_, ri, k, margin)
-                else:
-                    m = collide_box_plane(model, pi_, Ri, hi, k, margin)
-                for q in range(m.count):
-                    point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-                    lists.append(base + i, _record(point, m.normal, m.depth[q], -1 - k, m.feature[q]))
-                    atomic_max_rare(contacts.max_depth, m.depth[q])
-        c = grid_cell_of(pi_, cs)
-        for nb in range(27):
-            # 27 distinct buckets (the grid's period is >= 4 cells per axis): no duplicate visits
-            h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
-            for s in range(grid.cells.length(h)):
-                j = grid.cells.get(h, s)
-                if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
-                    pj = state.body_pos[j]
-                    rj = model.body_radius[j]
-                    if (pj - pi_).norm() <= ri + rj + margin:
-                        shape_j = model.body_shape[j]
-                        m = manifold_empty()
-                        if shape_i == 0 and shape_j == 0:
-                            m = collide_sphere_sphere(pi_, ri, pj, rj, margin)
-                        elif shape_i == 1 and shape_j == 1:
-                            m = collide_box_box(pi_, Ri, hi, pj, quat_to_mat(state.body_quat[j]),
-                                                model.body_half_extents[j], margin)
-                        elif shape_i == 0:
-                            m = sphere_box_manifold(pi_, ri, pj, quat_to_mat(state.body_quat[j]),
-                                                    model.body_half_extents[j], margin, True)
-                        else:
-                            m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
-                        # both bodies get every point; normals mirrored so each copy pushes its owner
-                        for q in range(m.count):
-                            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-                            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
-                            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
-                            atomic_max_rare(contacts.max_depth, m.depth[q])
+    for e in range(grid.pairs.flat_size()):
+        t, _ = grid.pairs.flat_index(e)
+        if t >= 0:
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, grid.pairs.flat_value(e))
+    for o in range(grid.pairs.pending_size()):
+        t, _ = grid.pairs.pending_index(o)
+        _pair_contacts(model, state, grid, lists, base, contacts, margin, t, grid.pairs.pending_value(o))
+
+
+def find_contacts(model, state, grid, contacts):
+    """Candidate pairs, then their contacts into contacts.lists[contacts.base + body] (grid.build first).
+
+    Both kernels run inside one vla.launch (one commit per VLA at the end: the narrowphase reads the pairs'
+    pending appends itself). Both empty their lists before filling them, so a re-run after a VLA grew
+    needs no roll back. Padded and dynamic contact storages are not VLAs: only the pairs are committed."""
+    from vla import launch
+
+    from app.broadphase import kernel_candidate_pairs
+
+    def both():
+        kernel_candidate_pairs(model, state, grid)
+        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts)
+
+    vlas = [grid.pairs] + ([contacts.lists] if contacts.kind == "vla" else [])
+    launch(both, vlas=vlas, rollback=False)

@@ -22,7 +22,7 @@ from app.contacts import ContactSet
 from app.errors import UserError
 from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
 from app.model import Model
-from app.narrowphase import kernel_narrowphase
+from app.narrowphase import find_contacts
 from app.scene import Scene
 from app.solver import JacobiSolver
 from app.state import State
@@ -156,19 +156,12 @@ class Simulation:
 
     # ------------------------------------------------------------------ stepping
     def step(self):
-        """Advance one dt: 15 kernel launches and one or two host syncs (a launch is the unit of host cost
-        here, so the kernels that can share one do)."""
-        from vla import launch
-
+        """Advance one dt: 15 kernel launches (10 of them solver iterations) and three host syncs, one commit
+        per VLA (grid cells, candidate pairs, contacts). A launch is the unit of host cost here, so kernels
+        that can share one do."""
         self.contacts.flip()
-        # Both kernels empty the lists they fill before filling them, so a re-run after a VLA grew needs no
-        # roll back (rollback=False saves a snapshot launch per VLA and step).
         self.grid.build(self.model, self.state)
-        args = (self.model, self.state, self.grid, self.contacts.lists, self.contacts.base, self.contacts)
-        if self.contacts_kind == "vla":
-            launch(kernel_narrowphase, *args, vlas=[self.contacts.lists], rollback=False)
-        else:
-            kernel_narrowphase(*args)
+        find_contacts(self.model, self.state, self.grid, self.contacts)
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.grid.body_order, self.dt, self.step_count,
                          self.health)

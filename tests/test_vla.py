@@ -74,6 +74,19 @@ def k_flat_sum(v: ti.template(), out: _i32_nd):
             ti.atomic_add(out[i], v.flat_value(e) + 0 * k)
 
 
+@ti.kernel
+def k_flat_and_pending_sum(v: ti.template(), out: _i32_nd, seen: _i32_nd):
+    for e in range(v.flat_size()):
+        i, k = v.flat_index(e)
+        if i >= 0:
+            ti.atomic_add(out[i], v.flat_value(e))
+            ti.atomic_add(seen[i], 1 + 0 * k)
+    for o in range(v.pending_size()):
+        i, k = v.pending_index(o)
+        ti.atomic_add(out[i], v.pending_value(o))
+        ti.atomic_add(seen[i], 1 + 0 * k)
+
+
 @ti.func
 def _poly(acc, x):
     return acc * 3 + x  # order-sensitive, so a wrong visiting order is caught
@@ -312,6 +325,24 @@ def test_commit_moves_overflow_home_without_error():
     k_fill_mod(v, 400)
     v.commit()  # overflow area large enough: nothing lost, no error
     assert sorted_lists(v) == [list(range(i, 400, 4)) for i in range(4)]
+
+
+def test_flat_walk_plus_pending_sees_every_append_before_commit():
+    # A kernel that runs between an appending kernel and commit() (the simulator's narrowphase reading the
+    # candidate pairs inside one vla.launch) sees committed slots through flat_* and the rest through pending_*.
+    v = VLA(4, ti.i32, inline_capacity=1, chunk_size=2, overflow_capacity=1000, name="pending")
+    k_fill_mod(v, 400)
+    out = ti.ndarray(ti.i32, 4)
+    seen = ti.ndarray(ti.i32, 4)
+    expect = [sum(range(i, 400, 4)) for i in range(4)]
+    for committed in (False, True):
+        out.fill(0)
+        seen.fill(0)
+        k_flat_and_pending_sum(v, out, seen)
+        assert out.to_numpy().tolist() == expect and seen.to_numpy().tolist() == [100] * 4, committed
+        if not committed:
+            assert v.stats()["overflow_events"] == 0  # really read before the commit below
+            v.commit()
 
 
 # ---------------------------------------------------------------------------------------------- memory

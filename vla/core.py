@@ -512,6 +512,27 @@ class VLA:
         """The element in storage slot e (valid when flat_index(e) gave i >= 0)."""
         return self.store[e]
 
+    @ti.func
+    def pending_size(self):
+        """Appends waiting in the overflow area for the next commit() (0 right after a commit).
+
+        Flat iteration over range(flat_size()) sees committed slots only; a kernel that runs after an
+        appending kernel but before commit() (e.g. the second kernel of a function run through vla.launch,
+        which commits once at the end) also walks range(pending_size()) with pending_index/pending_value
+        to see every element. Elements the overflow area could not hold are not there: launch re-runs."""
+        return ti.min(self._scalars[0], self._scalars[1])
+
+    @ti.func
+    def pending_index(self, o):
+        """(list, index) of pending append o (0 <= o < pending_size())."""
+        m = self.ovf_meta[o]
+        return m[0], m[1]
+
+    @ti.func
+    def pending_value(self, o):
+        """The element of pending append o."""
+        return self.ovf_value[o]
+
     # ------------------------------------------------------------------ kernel-side internals
     @ti.func
     def _zero(self):
