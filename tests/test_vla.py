@@ -262,8 +262,9 @@ def k_struct_depth_sum(v: ti.template(), out: ti.types.ndarray(dtype=ti.f32, ndi
         out[i] = s
 
 
-def test_struct_elements():
-    v = VLA(7, Contact, inline_capacity=2, chunk_size=4, name="contacts")
+@pytest.mark.parametrize("layout", ["soa", "aos"])
+def test_struct_elements(layout):
+    v = VLA(7, Contact, inline_capacity=2, chunk_size=4, layout=layout, name=f"contacts_{layout}")
     launch(k_struct_fill, v, 200)
     offsets, vals = v.to_csr()
     assert set(vals) == {"point", "depth", "other"}
@@ -493,6 +494,8 @@ def test_bad_arguments():
         VLA(4, ti.i32, chunk_size=12)
     with pytest.raises(ValueError, match="inline_capacity"):
         VLA(4, ti.i32, inline_capacity=-1)
+    with pytest.raises(ValueError, match="layout"):
+        VLA(4, ti.i32, layout="columns")
     with pytest.raises(TypeError, match="dtype"):
         VLA(4, np.float32)
     with pytest.raises(TypeError, match="dtype"):

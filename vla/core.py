@@ -297,6 +297,11 @@ class VLA:
             them); or an array of ``num_arrays`` expected lengths, pre-assigned to each list.
         overflow_capacity: elements the overflow area holds before commit must grow it
             (default ``max(1024, num_arrays // 64)``); it grows on demand.
+        layout: struct/vector elements only. ``"soa"`` (default): each scalar component in an array of its
+            own, for kernels that read a few members of many elements (a warp's loads of one member
+            coalesce). ``"aos"``: whole elements stored contiguously, for kernels in which a thread reads
+            or appends whole records of its own list: a 60-byte record is then 2 memory sectors instead of
+            16 (measured on the H200 with the simulator's contact records: see docs/benchmarks.md).
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
@@ -304,7 +309,7 @@ class VLA:
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
-                 overflow_capacity=None, name="vla"):
+                 overflow_capacity=None, layout="soa", name="vla"):
         for arg, val, low in (("num_arrays", num_arrays, 1), ("inline_capacity", inline_capacity, 0),
                               ("chunk_size", chunk_size, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
@@ -314,6 +319,8 @@ class VLA:
         if chunk_size & (chunk_size - 1):
             raise ValueError(f"VLA chunk_size must be a power of two (1, 2, 4, ...), got {chunk_size}")
         _check_dtype(dtype)
+        if layout not in ("soa", "aos"):
+            raise ValueError(f"VLA layout must be 'soa' or 'aos', got {layout!r}")
         if overflow_capacity is not None and (not isinstance(overflow_capacity, (int, np.integer))
                                               or overflow_capacity < 1):
             raise ValueError(f"VLA overflow_capacity must be a positive int, got {overflow_capacity!r}")
@@ -325,6 +332,7 @@ class VLA:
         self.name = name
         self.num_arrays = int(num_arrays)
         self.dtype = dtype
+        self.layout = layout
         self.inline_capacity = int(inline_capacity)
         self.chunk_size = int(chunk_size)
         self._chunk_shift = int(chunk_size).bit_length() - 1
@@ -804,7 +812,7 @@ class VLA:
                 f"VLA {self.name!r}: {attr} would need {length} entries, beyond the 32-bit index space; "
                 f"use a larger chunk_size or fewer elements per VLA")
         field = _new_unplaced(dtype)
-        if attr == "store" and not _is_primitive(dtype):
+        if attr == "store" and not _is_primitive(dtype) and self.layout == "soa":
             parts = [ScalarField(m) for m in field._get_field_members()]
         else:
             parts = [field]
@@ -938,7 +946,7 @@ class VLA:
 
     def __repr__(self):
         return (f"VLA(name={self.name!r}, num_arrays={self.num_arrays}, inline_capacity={self.inline_capacity}, "
-                f"chunk_size={self.chunk_size})")
+                f"chunk_size={self.chunk_size}, layout={self.layout!r})")
 
 
 # ----------------------------------------------------------------------------------------------------
