@@ -54,11 +54,9 @@ def _cell_length(cells: ti.template(), h):
 
 
 @ti.kernel
-def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.template(), rank: ti.template(),
-                       rank_row: ti.i32):
+def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.template()):
     """Empty every cell, append every body index to its cell's list (grid.cells: VLA of i32 with
-    grid.table_size lists), then sort the bodies by cell into grid.body_order, and write each body's
-    position in that order into rank[rank_row, body] (the contact lists' list_of).
+    grid.table_size lists), then sort the bodies by cell into grid.body_order.
 
     The loops of one launch run one after the other. The order needs only each body's bucket and the slot
     its append returned plus the cell lengths, all of which are right even when an append overflowed the
@@ -73,9 +71,7 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         grid.body_slot[i] = grid.cells.append(h, i)
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
     for i in range(n):
-        t = grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]
-        grid.body_order[t] = i
-        rank[rank_row, i] = t
+        grid.body_order[grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]] = i
 
 
 @ti.kernel
@@ -153,13 +149,12 @@ class Grid:
         # 4 inline and 4-element chunks; the pool starts with room for two more per body on average.
         self.pairs = VLA(n, ti.i32, inline_capacity=4, chunk_size=4, reserve=2 * n, name="candidate_pairs")
 
-    def build(self, model, state, rank, rank_row: int):
-        """Rebuild the cell lists and body_order from the current positions, and write every body's position in
-        body_order into rank[rank_row, body] (the contacts' list_of row of this step). Through vla.launch: no
-        body is ever lost; the kernel empties the cells before filling them, so a re-run needs no roll back."""
+    def build(self, model, state):
+        """Rebuild the cell lists and body_order from the current positions (through vla.launch: no body is
+        ever lost; the kernel empties the cells before filling them, so a re-run needs no roll back)."""
         from vla import launch
 
-        launch(kernel_grid_insert, model, state, self, rank, rank_row, vlas=[self.cells], rollback=False)
+        launch(kernel_grid_insert, model, state, self, vlas=[self.cells], rollback=False)
 
     def stats(self) -> dict:
         s = dict(self.cells.stats())

@@ -19,11 +19,8 @@ and the host methods ``commit()``, ``clear_all()``, ``lengths()``, ``stats()``.
 
 Warm starting needs last step's contacts while this step's are built, so a :class:`ContactSet` keeps two
 generations in one storage of ``2 * body_capacity`` lists: body i's list in generation g is
-``g * body_capacity + list_of[g, i]`` (``ContactSet.body_list``). ``list_of[g]`` is the body's position in
-the grid's Z-order of that step (written by the grid build): the solver's threads take bodies in that
-order, so the lists they walk lie next to each other in memory (with the identity, the threads' lists
-were scattered over the whole storage). Kernels receive the generation as a runtime integer, so
-flipping generations never recompiles anything.
+``g * body_capacity + i``. Kernels receive the two bases as runtime integers, so flipping generations
+never recompiles anything.
 """
 
 import numpy as np
@@ -170,12 +167,6 @@ def _k_clear_lists(lists: ti.template(), start: ti.i32, stop: ti.i32):
         lists.clear(i)
 
 
-@ti.kernel
-def _k_identity_lists(list_of: ti.template(), gen_lo: ti.i32, gen_hi: ti.i32):
-    for g, i in ti.ndrange((gen_lo, gen_hi), list_of.shape[1]):
-        list_of[g, i] = i
-
-
 def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list: float = 1.0, name="lists"):
     """Build a list storage by name; an unknown name raises ValueError listing the valid ones.
     pool_per_list: VLA only, pool elements pre-allocated per list on average (beyond the inline ones)."""
@@ -210,8 +201,6 @@ class ContactSet:
 
     lists: the storage (vla.VLA | PaddedLists | DynamicLists) of 2 * body_capacity ContactRecord lists.
     generation: 0 or 1, the generation being built this step; `base` / `prev_base` are its list offsets.
-    list_of: i32 (2, body_capacity): body i's list in generation g is g * body_capacity + list_of[g, i]
-        (a permutation per generation; the grid build writes this step's; identity after reset/begin_step).
     contact_total: 0-d i32, contact points found in the last step (a pair contact counts once).
     max_depth: 0-d f32 m, deepest penetration seen since the last reset_frame_stats().
     """
@@ -222,8 +211,6 @@ class ContactSet:
         self.lists = make_lists(kind, 2 * self.body_capacity, ContactRecord, max_per_body,
                                 pool_per_list=pool_per_body, name="contacts")
         self.generation = 0
-        self.list_of = ti.field(ti.i32, (2, self.body_capacity))
-        _k_identity_lists(self.list_of, 0, 2)
         self.contact_total = ti.field(ti.i32, ())
         self.max_depth = ti.field(ti.f32, ())
 
@@ -235,21 +222,14 @@ class ContactSet:
     def prev_base(self) -> int:
         return (1 - self.generation) * self.body_capacity
 
-    @ti.func
-    def body_list(self, gen, i):
-        """Index in `lists` of body i's list in generation gen."""
-        return gen * self.body_capacity + self.list_of[gen, i]
-
     def flip(self):
         """Make the other generation the one this step builds (host only; kernels get the bases as args).
         kernel_narrowphase empties that generation's lists itself; last step's stay for warm starting."""
         self.generation = 1 - self.generation
 
     def begin_step(self, body_count: int):
-        """flip() and empty the new generation's lists, for callers that fill them without the narrowphase and
-        grid (body i's list is then base + i)."""
+        """flip() and empty the new generation's lists, for callers that fill them without the narrowphase."""
         self.flip()
-        _k_identity_lists(self.list_of, self.generation, self.generation + 1)
         _k_clear_lists(self.lists, self.base, self.base + body_count)
 
     def set_limit(self, max_per_body: int):
@@ -259,17 +239,13 @@ class ContactSet:
 
     def reset(self):
         _k_clear_lists(self.lists, 0, 2 * self.body_capacity)
-        _k_identity_lists(self.list_of, 0, 2)
         self.contact_total[None] = 0
         self.max_depth[None] = 0.0
 
     def lengths(self, body_count: int) -> np.ndarray:
         """Contacts per body in the current generation, (body_count,) int32."""
-        return self.lists.lengths()[self.list_indices(body_count)].astype(np.int32)
-
-    def list_indices(self, body_count: int) -> np.ndarray:
-        """Index in `lists` of each body's current list, (body_count,) int64 (host copy of body_list)."""
-        return self.base + self.list_of.to_numpy()[self.generation, :body_count].astype(np.int64)
+        lens = self.lists.lengths()
+        return lens[self.base:self.base + body_count].astype(np.int32)
 
     def overflowed(self) -> int:
         return lists_overflowed(self.lists)

@@ -384,11 +384,10 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 
 @ti.func
 def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                   contacts: ti.template(), gen, margin, t, j):
+                   base, contacts: ti.template(), margin, t, j):
     """Contact geometry of one candidate pair (body i = grid.body_order[t] with body j, or plane -1 - j when
-    j < 0), appended to body i's list of generation gen (and body j's for a body pair, normal mirrored)."""
+    j < 0), appended to lists[base + i] (and lists[base + j] for a body pair, normal mirrored)."""
     i = grid.body_order[t]
-    li = gen * contacts.body_capacity + t  # == contacts.body_list(gen, i): list_of is the rank in body_order
     pi_ = state.body_pos[i]
     Ri = quat_to_mat(state.body_quat[i])
     shape_i = model.body_shape[i]
@@ -403,7 +402,7 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
             m = collide_box_plane(model, pi_, Ri, hi, k, margin)
         for q in range(m.count):
             point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-            lists.append(li, _record(point, m.normal, m.depth[q], j, m.feature[q]))
+            lists.append(base + i, _record(point, m.normal, m.depth[q], j, m.feature[q]))
             atomic_max_rare(contacts.max_depth, m.depth[q])
     else:
         pj = state.body_pos[j]
@@ -420,40 +419,38 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
         else:
             m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
         # both bodies get every point; normals mirrored so each copy pushes its owner
-        lj = contacts.body_list(gen, j)
         for q in range(m.count):
             point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-            lists.append(li, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
-            lists.append(lj, _record(point, m.normal, m.depth[q], i, m.feature[q]))
+            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
+            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
             atomic_max_rare(contacts.max_depth, m.depth[q])
 
 
 @ti.kernel
 def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                       contacts: ti.template(), gen: ti.i32):
-    """Empty every body's list of generation gen, then compute the contacts of every candidate pair in
-    grid.pairs (kernel_candidate_pairs) and append them to the bodies' lists (both bodies for pairs).
+                       base: ti.i32, contacts: ti.template()):
+    """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
+    grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
 
     One thread per candidate pair, over the pairs VLA's flat slots (load-balanced, in Z-order), then over
     its pending appends (the pairs are not committed yet when both kernels run inside one vla.launch).
     Inputs: model (shapes, planes, contact_margin), state (poses), grid (body_order, pairs). Outputs: lists
     (contact storage), contacts.max_depth (atomic max). Emptying the lists first (a separate loop of the same
     launch) makes the kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
-    for t in range(model.body_count[None]):  # list_of[gen] is a permutation of 0..n-1
-        lists.clear(gen * contacts.body_capacity + t)
+    for i in range(model.body_count[None]):
+        lists.clear(base + i)
     margin = model.contact_margin[None]
     for e in range(grid.pairs.flat_size()):
         t, _ = grid.pairs.flat_index(e)
         if t >= 0:
-            _pair_contacts(model, state, grid, lists, contacts, gen, margin, t, grid.pairs.flat_value(e))
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, grid.pairs.flat_value(e))
     for o in range(grid.pairs.pending_size()):
         t, _ = grid.pairs.pending_index(o)
-        _pair_contacts(model, state, grid, lists, contacts, gen, margin, t, grid.pairs.pending_value(o))
+        _pair_contacts(model, state, grid, lists, base, contacts, margin, t, grid.pairs.pending_value(o))
 
 
 def find_contacts(model, state, grid, contacts):
-    """Candidate pairs, then their contacts into the bodies' lists of contacts.generation (grid.build, with
-    contacts.list_of as its rank, first).
+    """Candidate pairs, then their contacts into contacts.lists[contacts.base + body] (grid.build first).
 
     Both kernels run inside one vla.launch (one commit per VLA at the end: the narrowphase reads the pairs'
     pending appends itself). Both empty their lists before filling them, so a re-run after a VLA grew
@@ -464,7 +461,7 @@ def find_contacts(model, state, grid, contacts):
 
     def both():
         kernel_candidate_pairs(model, state, grid)
-        kernel_narrowphase(model, state, grid, contacts.lists, contacts, contacts.generation)
+        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts)
 
     vlas = [grid.pairs] + ([contacts.lists] if contacts.kind == "vla" else [])
     launch(both, vlas=vlas, rollback=False)

@@ -9,7 +9,7 @@ offscreen recorder, replay and the benchmark.
 
 A *source* exposes the device fields the kernels read (body_pos, body_quat, body_half_extents, body_shape,
 body_material), `body_count`, `capacity`, `generation` (changes when fields are reallocated), `statics`
-(the scene's static list) and, for a live simulation, `contact_lists()` -> (ContactSet, generation) or None.
+(the scene's static list) and, for a live simulation, `contact_lists()` -> (lists, base) or None.
 The renderer reads those fields and never writes them.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ class SimSource:
 
     def contact_lists(self):
         c = self.sim.contacts
-        return c, c.generation
+        return c.lists, c.base
 
 
 @ti.data_oriented

@@ -27,12 +27,11 @@ def kernel_keys_material(body_shape: ti.template(), body_material: ti.template()
 
 
 @ti.kernel
-def kernel_keys_contacts(body_shape: ti.template(), contacts: ti.template(), gen: ti.i32, body_count: ti.i32,
+def kernel_keys_contacts(body_shape: ti.template(), lists: ti.template(), list_base: ti.i32, body_count: ti.i32,
                          buckets: ti.i32, body_key: ti.template()):
-    """body_key[i] = shape * buckets + min(contacts in body i's list of generation gen, CONTACT_RAMP_TOP)."""
+    """body_key[i] = shape * buckets + min(contacts in body i's list, CONTACT_RAMP_TOP)."""
     for i in range(body_count):
-        n = contacts.lists.length(contacts.body_list(gen, i))
-        body_key[i] = body_shape[i] * buckets + ti.min(n, CONTACT_RAMP_TOP)
+        body_key[i] = body_shape[i] * buckets + ti.min(lists.length(list_base + i), CONTACT_RAMP_TOP)
 
 
 @ti.kernel
@@ -65,7 +64,7 @@ def kernel_scatter_instances(body_key: ti.template(), body_pos: ti.template(), b
 
 
 @ti.kernel
-def kernel_contact_glyphs(contacts: ti.template(), gen: ti.i32, body_count: ti.i32, normal_length: ti.f32,
+def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: ti.i32, normal_length: ti.f32,
                           glyph_point: ti.template(), glyph_line: ti.template(), glyph_count: ti.template()):
     """Every contact point once (from the lower-index body of a pair, or the body of a plane contact):
     glyph_point[k] = point, glyph_line[2k], glyph_line[2k+1] = point, point + normal_length * normal (the
@@ -74,9 +73,8 @@ def kernel_contact_glyphs(contacts: ti.template(), gen: ti.i32, body_count: ti.i
     glyph_count[None] = 0
     cap = glyph_point.shape[0]
     for i in range(body_count):
-        li = contacts.body_list(gen, i)
-        for k in range(contacts.lists.length(li)):
-            c = contacts.lists.get(li, k)
+        for k in range(lists.length(list_base + i)):
+            c = lists.get(list_base + i, k)
             if c.other < 0 or c.other > i:
                 slot = ti.atomic_add(glyph_count[None], 1)
                 if slot < cap:

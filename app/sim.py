@@ -140,8 +140,6 @@ class Simulation:
             self.contacts.reset()
         self.model.set_bodies(extra.bodies, self.scene.materials, n0)
         self._n_bodies = n0 + k
-        # Last step's list_of row does not cover the new bodies: start warm starting afresh.
-        self.contacts.reset()
         b = extra.bodies
         self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
 
@@ -162,7 +160,7 @@ class Simulation:
         per VLA (grid cells, candidate pairs, contacts). A launch is the unit of host cost here, so kernels
         that can share one do."""
         self.contacts.flip()
-        self.grid.build(self.model, self.state, self.contacts.list_of, self.contacts.generation)
+        self.grid.build(self.model, self.state)
         find_contacts(self.model, self.state, self.grid, self.contacts)
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.grid.body_order, self.dt, self.step_count,

@@ -51,14 +51,15 @@ def _key_less(a, b):
 
 
 @ti.kernel
-def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), solver: ti.template(),
-                   contacts: ti.template(), order: ti.template(), gen: ti.i32, dt: ti.f32):
+def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
+                   prev_base: ti.i32, solver: ti.template(), contacts: ti.template(), order: ti.template(),
+                   dt: ti.f32):
     """Per body: sort its list, warm-start from last step's list, compute restitution targets, apply
     gravity and the warm-start impulses into solver buffer 0, and count contacts.
 
-    Reads state (poses and velocities at the start of the step), model, order (every body once; neighbours
-    next to each other, see JacobiSolver.step), last step's lists (generation 1 - gen).
-    Writes this step's lists (generation gen; impulses, bias), solver.vel/omega/pvel/pomega[0, i], solver.inv_inertia_world[i],
+    Reads state (poses and velocities at the start of the step), model, lists[prev_base + i], order (every
+    body once; neighbours next to each other, see JacobiSolver.step).
+    Writes lists[base + i] (impulses, bias), solver.vel/omega/pvel/pomega[0, i], solver.inv_inertia_world[i],
     contacts.contact_total (each pair counted once)."""
     g = model.gravity[None]
     warm = model.warm_start[None]
@@ -69,7 +70,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         solver.inv_inertia_world[i] = world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i])
     for t in range(n_bodies):
         i = order[t]
-        li = contacts.body_list(gen, i)
+        li = base + i
         n = lists.length(li)
         # insertion sort: lists are short, and a fixed order makes the float sums (and therefore the motion)
         # independent of the order in which parallel threads appended
@@ -89,7 +90,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             vi = vi + g * dt
         mi = model.body_material[i]
         # merge-walk the previous (sorted) list
-        lp = contacts.body_list(1 - gen, i)
+        lp = prev_base + i
         n_prev = lists.length(lp)
         p = 0
         P_sum = vec3(0.0)
@@ -143,8 +144,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 
 
 @ti.kernel
-def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti.template(), solver: ti.template(),
-                           contacts: ti.template(), order: ti.template(), gen: ti.i32, src: ti.i32, dt: ti.f32):
+def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
+                           solver: ti.template(), order: ti.template(), src: ti.i32, dt: ti.f32):
     """One Jacobi + mass-splitting iteration: reads solver buffers [src], writes [1 - src] and each body's
     own contact records (accumulated impulses)."""
     dst = 1 - src
@@ -152,7 +153,7 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
     beta = model.position_correction[None]
     for t in range(model.body_count[None]):
         i = order[t]
-        li = contacts.body_list(gen, i)
+        li = base + i
         n_i = lists.length(li)
         inv_m = model.body_inv_mass[i]
         v = solver.vel[src, i]
@@ -189,7 +190,7 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
                     rj = rec.point - state.body_pos[j]
                     inv_mj = model.body_inv_mass[j]
                     Iwj = solver.inv_inertia_world[j]
-                    split_j = ti.cast(lists.length(contacts.body_list(gen, j)), ti.f32)
+                    split_j = ti.cast(lists.length(base + j), ti.f32)
                 mu = ti.sqrt(mu_i * model.material_friction[_material_of_other(model, j)])
                 # effective inverse masses with split (n-times lighter) bodies; same value in both copies
                 rin = ri.cross(n)
@@ -263,19 +264,18 @@ class JacobiSolver:
         self.inv_inertia_world = ti.Matrix.field(3, 3, ti.f32, n)
 
     def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
-        """Solve this step's contacts (already in the lists of generation contacts.generation) and integrate
+        """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate
         state_in -> state_out. state_in may be state_out: integration reads and writes only each body's
         own slots.
 
         order: i32 field holding every body index once, in the order threads take them (app.broadphase.Grid
         .body_order: sorted by grid cell, so a warp gathers neighbours that share contacts: the other body's
-        velocity is then mostly in cache, and with contacts.list_of = the rank in this order, the warp's own
-        lists are adjacent). Any permutation gives the same result: each thread writes only its own body,
-        from the previous iteration's buffers."""
-        gen = contacts.generation
-        kernel_prepare(self.model, state_in, contacts.lists, self, contacts, order, gen, dt)
+        velocity is then mostly in cache). Any permutation gives the same result: each thread writes only
+        its own body, from the previous iteration's buffers."""
+        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, contacts.prev_base, self, contacts,
+                       order, dt)
         src = 0
         for _ in range(self.iterations):
-            kernel_solve_iteration(self.model, state_in, contacts.lists, self, contacts, order, gen, src, dt)
+            kernel_solve_iteration(self.model, state_in, contacts.lists, contacts.base, self, order, src, dt)
             src = 1 - src
         kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health)

@@ -138,15 +138,18 @@ def main(argv=None) -> int:
     p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--steps", type=int, default=None, help="timed steps per run (default 200, --small 40)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: until the pile has landed)")
-    p.add_argument("--storages", default=",".join(STORAGES), help="comma list of vla,padded,dynamic")
+    p.add_argument("--storages", default=",".join(STORAGES),
+                   help="comma list of vla,padded,dynamic; padded:64 sets the per-body maximum (scene default 32)")
     p.add_argument("--scenes", default="pile_100k,pile_1m", help="comma list of scene names in scenes/")
     args = p.parse_args(argv)
     from app.errors import UserError
 
     storages = [s.strip() for s in args.storages.split(",") if s.strip()]
     for s in storages:
-        if s not in STORAGES:
-            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic")
+        kind, _, cap = s.partition(":")
+        if kind not in STORAGES or (cap and not (cap.isdigit() and int(cap) > 0)):
+            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic, padded and dynamic "
+                            f"optionally with a per-body maximum as in padded:64")
     arch = args.arch  # Taichi runs in the per-run subprocesses only (which report the arch they took)
     steps = args.steps or (40 if args.small else 200)
     rows = []
@@ -156,7 +159,10 @@ def main(argv=None) -> int:
             raise UserError(f"--scenes: no scene {name!r} in scenes/ (expected a file {path})")
         overrides = SMALL_OVERRIDES.get(name, ()) if args.small else ()
         for storage in storages:
-            r = _bench_in_subprocess(path, storage, steps, overrides, args.warmup, args.arch)
+            kind, _, cap = storage.partition(":")
+            extra = (f"sim.padded_capacity={cap}",) if cap else ()
+            r = _bench_in_subprocess(path, kind, steps, tuple(overrides) + extra, args.warmup, args.arch)
+            r["storage"] = storage
             rows.append(r)
             if "error" in r:
                 print(f"{name:10s} {storage:8s} FAILED: {r['error']}", file=sys.stderr)
