@@ -1,8 +1,9 @@
 """Narrowphase: exact contact geometry for every candidate pair, appended to both bodies' lists.
 
-One thread per body i tests i against the planes and against every body j > i in the 27 grid cells
-around it (so each pair is tested once), and appends each contact point to list i *and* list j, with
-mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane, sphere-box, box-plane and
+The broadphase's candidate-pair pass (app.broadphase.kernel_candidate_pairs) lists, per body i, the
+planes within reach and the bodies j > i whose bounding spheres come within the margin (so each pair is
+tested once). Here one thread per candidate pair computes the manifold and appends each contact point
+to list i *and* list j, with mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane, sphere-box, box-plane and
 box-box (separating-axis test over the 15 axes, then Sutherland-Hodgman clipping of the incident face
 against the reference face: a manifold of up to 4 points; edge-edge gives one point).
 
