@@ -85,7 +85,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     iterations and run them one after the other. Lists are indexed by order position t (not body i) so
     that the narrowphase's flat walk over them stays in Z-order."""
     n = model.body_count[None]
-    for t in range(grid.pairs.num_arrays):  # all of them: a reloaded, smaller scene must not leave stale pairs
+    for t in range(n):  # lists from n on stay empty: Grid.reset() empties all of them when a scene loads
         grid.pairs.clear(t)
     cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
@@ -148,6 +148,11 @@ class Grid:
         # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
         # 4 inline and 4-element chunks; the pool starts with room for two more per body on average.
         self.pairs = VLA(n, ti.i32, inline_capacity=4, chunk_size=4, reserve=2 * n, name="candidate_pairs")
+
+    def reset(self):
+        """Empty the candidate-pair lists (a newly loaded scene may have fewer bodies than the last one: the
+        narrowphase walks every list, and kernel_candidate_pairs empties only the first body_count)."""
+        self.pairs.clear_all()
 
     def build(self, model, state):
         """Rebuild the cell lists and body_order from the current positions (through vla.launch: no body is

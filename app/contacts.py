@@ -175,11 +175,10 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # Most bodies have a handful of contacts: keep 4 inline (a sphere on a floor, a box face on the floor)
         # and the rest in 8-element chunks, given out as lists need them. A list that outgrows its chunks is
         # moved to a larger run at the end of the pool, a cost in proportion to the lists that grew (the
-        # pool is re-laid out only when full), so reserving no chunks up front costs little time and keeps
-        # memory near what the pile really needs.
-        # The pool starts with room for `pool_per_list` elements per list on average (unassigned: lists take
-        # chunks as they need them), so a pile that forms does not re-lay the pool out over and over while
-        # it grows from nothing (measured: 20 re-layouts in the first 250 steps of pile_1m from a 1-chunk pool).
+        # pool is re-laid out only when full), so no list is given chunks up front. The pool itself starts
+        # with room for `pool_per_list` elements per list on average (unassigned), so a pile that forms does
+        # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
+        # first 250 steps of pile_1m from a 1-chunk pool).
         # Whole records contiguous ("aos"): the narrowphase appends, and the solver reads, a record at a time.
         return VLA(num_arrays, dtype, inline_capacity=4, chunk_size=8,
                    reserve=int(num_arrays * pool_per_list), layout="aos", name=name)

@@ -3,8 +3,8 @@
 The broadphase's candidate-pair pass (app.broadphase.kernel_candidate_pairs) lists, per body i, the
 planes within reach and the bodies j > i whose bounding spheres come within the margin (so each pair is
 tested once). Here one thread per candidate pair computes the manifold and appends each contact point
-to list i *and* list j, with mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane, sphere-box, box-plane and
-box-box (separating-axis test over the 15 axes, then Sutherland-Hodgman clipping of the incident face
+to list i *and* list j, with mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane,
+sphere-box, box-plane and box-box (separating-axis test over the 15 axes, then Sutherland-Hodgman clipping of the incident face
 against the reference face: a manifold of up to 4 points; edge-edge gives one point).
 
 Contacts closer than the contact margin are kept with a negative depth (speculative contacts): the
@@ -17,7 +17,10 @@ is passed as `lists`.
 
 import taichi as ti
 
+from vla import launch
+
 from app.atomics import atomic_max_rare
+from app.broadphase import kernel_candidate_pairs
 from app.contacts import ContactRecord
 from app.math3d import quat_to_mat, sign_nz
 
@@ -456,10 +459,6 @@ def find_contacts(model, state, grid, contacts):
     Both kernels run inside one vla.launch (one commit per VLA at the end: the narrowphase reads the pairs'
     pending appends itself). Both empty their lists before filling them, so a re-run after a VLA grew
     needs no roll back. Padded and dynamic contact storages are not VLAs: only the pairs are committed."""
-    from vla import launch
-
-    from app.broadphase import kernel_candidate_pairs
-
     def both():
         kernel_candidate_pairs(model, state, grid)
         kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts)

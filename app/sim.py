@@ -97,6 +97,7 @@ class Simulation:
         self._initial = {k: v.copy() for k, v in b.items()}
         self._initial_count = scene.body_count
         self.contacts.reset()
+        self.grid.reset()
         self.health.reset()
         self.step_count = 0
         self.overflow_events = []

@@ -244,7 +244,7 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
 
 @ti.data_oriented
 class JacobiSolver:
-    """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, dt)`.
+    """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, order, dt)`.
 
     vel, omega, pvel, pomega: vec3 f32 fields of shape (2, body_capacity): ping-pong buffers of velocity
         (m/s, rad/s) and split-impulse pseudo velocity; the buffer index is a runtime argument, so both

@@ -305,7 +305,8 @@ class VLA:
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`clear`, :meth:`reduce`, :meth:`for_each`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`get_inline`.
+    :meth:`clear`, :meth:`reduce`, :meth:`for_each`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`,
+    :meth:`pending_size`, :meth:`pending_index`, :meth:`pending_value`, :meth:`get_inline`.
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
@@ -803,10 +804,11 @@ class VLA:
         """Allocate field ``attr`` of ``length`` entries in tree(s) of its own; ``replace``: the trees it
         replaces, each freed just before its successor is built so that the successor takes its id.
 
-        The store of a struct/vector dtype is a structure of arrays (each scalar component an array of its
-        own, so a warp reading one member of neighbouring lists reads neighbouring addresses), with one
-        tree per component: within one tree the second array's offset would depend on the length, which
-        compiled kernels bake in, while a tree's first array always sits at offset 0."""
+        With layout "soa" the store of a struct/vector dtype is a structure of arrays (each scalar component
+        an array of its own, so a warp reading one member of neighbouring lists reads neighbouring
+        addresses), with one tree per component: within one tree the second array's offset would depend on
+        the length, which compiled kernels bake in, while a tree's first array always sits at offset 0.
+        With "aos" the whole struct is placed under one dense node: one array of records, one tree."""
         if length > _I32_MAX:
             raise VLACapacityError(
                 f"VLA {self.name!r}: {attr} would need {length} entries, beyond the 32-bit index space; "
