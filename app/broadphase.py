@@ -22,6 +22,10 @@ import taichi as ti
 
 from vla.scan import exclusive_scan, scan_scratch_size
 
+# Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
+# box-plane, 2 box-box (class = number of boxes in the pair).
+PAIR_CLASSES = 3
+
 
 @ti.func
 def grid_cell_of(p, cell_size):
@@ -83,22 +87,27 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     A cheap, uniform pass: finding candidates and computing contact geometry are separate kernels because
     in one thread per body the warp's 32 threads meet their heavy box-box pairs at different loop
     iterations and run them one after the other. Lists are indexed by order position t (not body i) so
-    that the narrowphase's flat walk over them stays in Z-order."""
+    that the narrowphase's flat walk over them stays in Z-order, and by pair class (grid.pair_list): the
+    flat walk then meets a run of sphere pairs, then a run of box-sphere / box-plane pairs, then a run of
+    box-box pairs, so the 32 threads of a warp mostly take the same branch of the narrowphase (mixed
+    classes made every warp pay for its slowest, box-box, lane)."""
     n = model.body_count[None]
     for t in range(n):  # lists from n on stay empty: Grid.reset() empties all of them when a scene loads
-        grid.pairs.clear(t)
+        for c in ti.static(range(PAIR_CLASSES)):
+            grid.pairs.clear(grid.pair_list(c, t))
     cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
     for t in range(n):
         i = grid.body_order[t]
         pi_ = state.body_pos[i]
         ri = model.body_radius[i]
+        shape_i = model.body_shape[i]
         fixed_i = model.body_inv_mass[i] == 0.0
         if not fixed_i:
             for k in range(model.plane_count[None]):
                 # no point of the body can be deeper than its bounding sphere
                 if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -margin:
-                    grid.pairs.append(t, -1 - k)
+                    grid.pairs.append(grid.pair_list(shape_i, t), -1 - k)
         c = grid_cell_of(pi_, cs)
         for nb in range(27):
             # 27 distinct buckets (the grid's period is >= 4 cells per axis): no duplicate visits
@@ -107,7 +116,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                 j = grid.cells.get(h, s)
                 if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
                     if (state.body_pos[j] - pi_).norm() <= ri + model.body_radius[j] + margin:
-                        grid.pairs.append(t, j)
+                        grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
 
 
 @ti.data_oriented
@@ -119,7 +128,10 @@ class Grid:
     body_order: i32 (body_capacity,): body indices sorted by bucket (Z-order); body_bucket, body_slot: each
         body's bucket and its index in that bucket's list; bucket_start: i32 (table_size + 1,), first
         position of each bucket in body_order. Valid after build() until the bodies move.
-    pairs: vla.VLA(body_capacity, ti.i32): candidate pairs per order position (kernel_candidate_pairs).
+    pairs: vla.VLA(PAIR_CLASSES * body_capacity, ti.i32): candidate pairs per pair class and order position,
+        list pair_list(c, t) = c * body_capacity + t (kernel_candidate_pairs). Class c = the number of boxes
+        in the pair (a plane counts as a sphere): 0 sphere-sphere / sphere-plane, 1 sphere-box / box-plane,
+        2 box-box.
     """
 
     def __init__(self, body_capacity: int):
@@ -147,7 +159,20 @@ class Grid:
         self.scan_scratch = ti.field(ti.i32, scan_scratch_size(self.table_size))
         # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
         # 4 inline and 4-element chunks; the pool starts with room for two more per body on average.
-        self.pairs = VLA(n, ti.i32, inline_capacity=4, chunk_size=4, reserve=2 * n, name="candidate_pairs")
+        # Split by class, a list holds ~2 of them: 2 inline, 4-element chunks.
+        self.pair_stride = n
+        self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
+                         name="candidate_pairs")
+
+    @ti.func
+    def pair_list(self, c, t):
+        """List of grid.pairs holding the class-c candidate pairs of order position t."""
+        return c * self.pair_stride + t
+
+    @ti.func
+    def pair_position(self, lst):
+        """Order position t of grid.pairs list lst (inverse of pair_list)."""
+        return lst % self.pair_stride
 
     def reset(self):
         """Empty the candidate-pair lists (a newly loaded scene may have fewer bodies than the last one: the

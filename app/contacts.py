@@ -5,6 +5,7 @@ as ``ti.template()`` and compile against whichever one the scene picked (``sim.c
 
     slot = lists.append(i, x)   # thread-safe; returns x's index in list i
     lists.length(i); lists.get(i, k); lists.set(i, k, x); lists.clear(i)
+    lists.get_member(i, k, "impulse_n"); lists.set_member(i, k, "impulse_n", x)   # one member of a record
 
 and the host methods ``commit()``, ``clear_all()``, ``lengths()``, ``stats()``.
 
@@ -84,6 +85,14 @@ class _CountedLists:
     @ti.func
     def set(self, i, k, x):
         self.data[i, k] = x
+
+    @ti.func
+    def get_member(self, i, k, name: ti.template()):
+        return ti.static(self.data.field_dict[name])[i, k]
+
+    @ti.func
+    def set_member(self, i, k, name: ti.template(), x):
+        ti.static(self.data.field_dict[name])[i, k] = x
 
     def commit(self):
         pass
@@ -173,14 +182,15 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
     if kind == "vla":
         from vla import VLA
         # Most bodies have a handful of contacts: keep 4 inline (a sphere on a floor, a box face on the floor)
-        # and the rest in 8-element chunks, given out as lists need them. A list that outgrows its chunks is
+        # and the rest in 4-element chunks, given out as lists need them (a landed pile has ~10 per body:
+        # 8-element chunks reserved 1.6x more pool than 4-element ones for the same lists). A list that outgrows its chunks is
         # moved to a larger run at the end of the pool, a cost in proportion to the lists that grew (the
         # pool is re-laid out only when full), so no list is given chunks up front. The pool itself starts
         # with room for `pool_per_list` elements per list on average (unassigned), so a pile that forms does
         # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
         # first 250 steps of pile_1m from a 1-chunk pool).
         # Whole records contiguous ("aos"): the narrowphase appends, and the solver reads, a record at a time.
-        return VLA(num_arrays, dtype, inline_capacity=4, chunk_size=8,
+        return VLA(num_arrays, dtype, inline_capacity=4, chunk_size=4,
                    reserve=int(num_arrays * pool_per_list), layout="aos", name=name)
     if kind == "padded":
         return PaddedLists(num_arrays, dtype, max_length, name=name)

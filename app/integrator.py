@@ -47,13 +47,14 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
     """Reads solver buffers [src] and state_in poses; writes state_out; flags NaN/explosions in health."""
     vmax = model.max_speed[None]
     for i in range(model.body_count[None]):
-        v = solver.vel[src, i]
-        w = solver.omega[src, i]
+        mo = solver.motion[src, i]
+        v = mo.v
+        w = mo.w
         x = state_in.body_pos[i]
         q = state_in.body_quat[i]
         if model.body_inv_mass[i] > 0.0:
-            x = x + (v + solver.pvel[src, i]) * dt
-            wt = w + solver.pomega[src, i]
+            x = x + (v + mo.pv) * dt
+            wt = w + mo.pw
             dq = quat_mul(ti.Vector([0.0, wt[0], wt[1], wt[2]]), q)
             q = (q + 0.5 * dt * dq).normalized()
         else:

@@ -436,7 +436,8 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
     grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
 
-    One thread per candidate pair, over the pairs VLA's flat slots (load-balanced, in Z-order), then over
+    One thread per candidate pair, over the pairs VLA's flat slots (load-balanced, in Z-order within each
+    pair class, so a warp's threads mostly run the same collide_* function), then over
     its pending appends (the pairs are not committed yet when both kernels run inside one vla.launch).
     Inputs: model (shapes, planes, contact_margin), state (poses), grid (body_order, pairs). Outputs: lists
     (contact storage), contacts.max_depth (atomic max). Emptying the lists first (a separate loop of the same
@@ -445,12 +446,14 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         lists.clear(base + i)
     margin = model.contact_margin[None]
     for e in range(grid.pairs.flat_size()):
-        t, _ = grid.pairs.flat_index(e)
-        if t >= 0:
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, grid.pairs.flat_value(e))
+        lst, _ = grid.pairs.flat_index(e)
+        if lst >= 0:
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, grid.pair_position(lst),
+                           grid.pairs.flat_value(e))
     for o in range(grid.pairs.pending_size()):
-        t, _ = grid.pairs.pending_index(o)
-        _pair_contacts(model, state, grid, lists, base, contacts, margin, t, grid.pairs.pending_value(o))
+        lst, _ = grid.pairs.pending_index(o)
+        _pair_contacts(model, state, grid, lists, base, contacts, margin, grid.pair_position(lst),
+                       grid.pairs.pending_value(o))
 
 
 def find_contacts(model, state, grid, contacts):

@@ -32,6 +32,16 @@ from app.integrator import kernel_integrate
 from app.math3d import world_inv_inertia
 
 vec3 = ti.types.vector(3, ti.f32)
+mat3 = ti.types.matrix(3, 3, ti.f32)
+
+# What a contact needs of the body at its other end, gathered once per contact per iteration: packed in one
+# record (60 bytes, 2 memory sectors) instead of six fields (pos, inverse mass, inertia, list length,
+# material -> friction: a sector each). Filled by kernel_prepare.
+#   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia: world-frame inverse inertia 1/(kg m^2) at the start of
+#   the step; split: contacts in the body's list (mass-splitting factor); friction: the body material's mu.
+SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia=mat3, split=ti.f32, friction=ti.f32)
+# Velocity and split-impulse pseudo velocity of a body (m/s, rad/s), one 48-byte record per body and buffer.
+Motion = ti.types.struct(v=vec3, w=vec3, pv=vec3, pw=vec3)
 
 
 @ti.func
@@ -45,9 +55,16 @@ def _material_of_other(model: ti.template(), other):
 
 
 @ti.func
-def _key_less(a, b):
+def _key_less(other_a, feature_a, other_b, feature_b):
     """Order of contact records inside one list: by other body, then by feature (determinism)."""
-    return a.other < b.other or (a.other == b.other and a.feature < b.feature)
+    return other_a < other_b or (other_a == other_b and feature_a < feature_b)
+
+
+@ti.func
+def _key_less_at(lists: ti.template(), li, a, other_b, feature_b):
+    """Record a of list li before the key (other_b, feature_b)? Loads the two key members only, not the
+    60-byte record."""
+    return _key_less(lists.get_member(li, a, "other"), lists.get_member(li, a, "feature"), other_b, feature_b)
 
 
 @ti.kernel
@@ -59,30 +76,38 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 
     Reads state (poses and velocities at the start of the step), model, lists[prev_base + i], order (every
     body once; neighbours next to each other, see JacobiSolver.step).
-    Writes lists[base + i] (impulses, bias), solver.vel/omega/pvel/pomega[0, i], solver.inv_inertia_world[i],
-    contacts.contact_total (each pair counted once)."""
+    Writes lists[base + i] (impulses, bias), solver.motion[0, i], solver.body[i], contacts.contact_total (each
+    pair counted once)."""
     g = model.gravity[None]
     warm = model.warm_start[None]
     threshold = model.restitution_threshold[None]
     n_bodies = model.body_count[None]
     contacts.contact_total[None] = 0
     for i in range(n_bodies):
-        solver.inv_inertia_world[i] = world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i])
+        solver.body[i] = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i],
+                                    inv_inertia=world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]),
+                                    split=ti.cast(lists.length(base + i), ti.f32),
+                                    friction=model.material_friction[model.body_material[i]])
     for t in range(n_bodies):
         i = order[t]
         li = base + i
         n = lists.length(li)
         # insertion sort: lists are short, and a fixed order makes the float sums (and therefore the motion)
         # independent of the order in which parallel threads appended
+        # (keys compared member by member; whole records move only when one is out of place)
         for a in range(1, n):
-            rec = lists.get(li, a)
+            o_a = lists.get_member(li, a, "other")
+            f_a = lists.get_member(li, a, "feature")
             b = a - 1
-            while b >= 0 and _key_less(rec, lists.get(li, b)):
-                lists.set(li, b + 1, lists.get(li, b))
+            while b >= 0 and _key_less(o_a, f_a, lists.get_member(li, b, "other"), lists.get_member(li, b, "feature")):
                 b -= 1
-            lists.set(li, b + 1, rec)
+            if b + 1 < a:
+                rec = lists.get(li, a)
+                for c in range(a - b - 1):
+                    lists.set(li, a - c, lists.get(li, a - c - 1))
+                lists.set(li, b + 1, rec)
         inv_m = model.body_inv_mass[i]
-        Iw = solver.inv_inertia_world[i]
+        Iw = solver.body[i].inv_inertia
         xi = state.body_pos[i]
         vi = state.body_vel[i]
         wi = state.body_omega[i]
@@ -100,17 +125,17 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             rec = lists.get(li, k)
             if rec.other > i or rec.other < 0:
                 counted += 1
-            while p < n_prev and _key_less(lists.get(lp, p), rec):
+            while p < n_prev and _key_less_at(lists, lp, p, rec.other, rec.feature):
                 p += 1
             rec.impulse_n = 0.0
             rec.impulse_t = vec3(0.0)
             rec.impulse_p = 0.0
             if p < n_prev:
-                old = lists.get(lp, p)
-                if old.other == rec.other and old.feature == rec.feature:
-                    rec.impulse_n = warm * old.impulse_n
+                if lists.get_member(lp, p, "other") == rec.other and lists.get_member(lp, p, "feature") == rec.feature:
+                    rec.impulse_n = warm * lists.get_member(lp, p, "impulse_n")
                     # the tangent plane turned a little since last step: keep the in-plane part
-                    jt = old.impulse_t - old.impulse_t.dot(rec.normal) * rec.normal
+                    old_t = lists.get_member(lp, p, "impulse_t")
+                    jt = old_t - old_t.dot(rec.normal) * rec.normal
                     rec.impulse_t = warm * jt
             # restitution target from the approach velocity before any impulse of this step
             j = rec.other
@@ -132,22 +157,24 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                 # it touches within this step: bounce
                 bias = -e * vn0
             rec.bias = bias
-            lists.set(li, k, rec)
+            # (the members this kernel changed; the geometry stays as the narrowphase wrote it)
+            lists.set_member(li, k, "impulse_n", rec.impulse_n)
+            lists.set_member(li, k, "impulse_t", rec.impulse_t)
+            lists.set_member(li, k, "impulse_p", rec.impulse_p)
+            lists.set_member(li, k, "bias", bias)
             P = rec.impulse_n * rec.normal + rec.impulse_t
             P_sum += P
             L_sum += ri.cross(P)
         ti.atomic_add(contacts.contact_total[None], counted)
-        solver.vel[0, i] = vi + inv_m * P_sum
-        solver.omega[0, i] = wi + Iw @ L_sum
-        solver.pvel[0, i] = vec3(0.0)
-        solver.pomega[0, i] = vec3(0.0)
+        solver.motion[0, i] = Motion(v=vi + inv_m * P_sum, w=wi + Iw @ L_sum, pv=vec3(0.0), pw=vec3(0.0))
 
 
 @ti.kernel
-def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
-                           solver: ti.template(), order: ti.template(), src: ti.i32, dt: ti.f32):
-    """One Jacobi + mass-splitting iteration: reads solver buffers [src], writes [1 - src] and each body's
-    own contact records (accumulated impulses)."""
+def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
+                           order: ti.template(), src: ti.i32, dt: ti.f32):
+    """One Jacobi + mass-splitting iteration: reads solver.motion[src] and solver.body, writes
+    solver.motion[1 - src] and the accumulated impulses of each body's own contact records (those three
+    members only: the rest of a record is read-only here)."""
     dst = 1 - src
     slop = model.slop[None]
     beta = model.position_correction[None]
@@ -155,16 +182,17 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
         i = order[t]
         li = base + i
         n_i = lists.length(li)
-        inv_m = model.body_inv_mass[i]
-        v = solver.vel[src, i]
-        w = solver.omega[src, i]
-        pv = solver.pvel[src, i]
-        pw = solver.pomega[src, i]
-        if inv_m > 0.0 and n_i > 0:
-            Iw = solver.inv_inertia_world[i]
-            xi = state.body_pos[i]
-            mu_i = model.material_friction[model.body_material[i]]
-            split_i = ti.cast(n_i, ti.f32)
+        bi = solver.body[i]
+        mo = solver.motion[src, i]
+        v = mo.v
+        w = mo.w
+        pv = mo.pv
+        pw = mo.pw
+        if bi.inv_mass > 0.0 and n_i > 0:
+            inv_m = bi.inv_mass
+            Iw = bi.inv_inertia
+            xi = bi.pos
+            split_i = bi.split
             P_sum = vec3(0.0)
             L_sum = vec3(0.0)
             Pp_sum = vec3(0.0)
@@ -174,31 +202,25 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
                 j = rec.other
                 n = rec.normal
                 ri = rec.point - xi
-                vj = vec3(0.0)
-                wj = vec3(0.0)
-                pvj = vec3(0.0)
-                pwj = vec3(0.0)
-                rj = vec3(0.0)
-                inv_mj = 0.0
-                Iwj = ti.Matrix.zero(ti.f32, 3, 3)
-                split_j = 0.0
+                mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
+                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia=mat3(0.0), split=0.0, friction=0.0)
                 if j >= 0:
-                    vj = solver.vel[src, j]
-                    wj = solver.omega[src, j]
-                    pvj = solver.pvel[src, j]
-                    pwj = solver.pomega[src, j]
-                    rj = rec.point - state.body_pos[j]
-                    inv_mj = model.body_inv_mass[j]
-                    Iwj = solver.inv_inertia_world[j]
-                    split_j = ti.cast(lists.length(base + j), ti.f32)
-                mu = ti.sqrt(mu_i * model.material_friction[_material_of_other(model, j)])
+                    mj = solver.motion[src, j]
+                    bj = solver.body[j]
+                else:
+                    bj.friction = model.material_friction[model.plane_material[-1 - j]]
+                mu = ti.sqrt(bi.friction * bj.friction)
+                rj = rec.point - bj.pos
+                inv_mj = bj.inv_mass
+                Iwj = bj.inv_inertia
+                split_j = bj.split
                 # effective inverse masses with split (n-times lighter) bodies; same value in both copies
                 rin = ri.cross(n)
                 rjn = rj.cross(n)
                 k_i = split_i * (inv_m + rin.dot(Iw @ rin))
                 k_j = split_j * (inv_mj + rjn.dot(Iwj @ rjn))
                 kn = k_i + k_j
-                vrel = (v + w.cross(ri)) - (vj + wj.cross(rj))
+                vrel = (v + w.cross(ri)) - (mj.v + mj.w.cross(rj))
                 vn = vrel.dot(n)
                 jn_old = rec.impulse_n
                 jn = ti.max(jn_old + (rec.bias - vn) / kn, 0.0)
@@ -218,14 +240,13 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
                 if jt_len > jt_max:
                     jt = jt * (jt_max / jt_len)
                 # split impulse: pseudo velocities remove (depth - slop), never feed back into v
-                vpn = ((pv + pw.cross(ri)) - (pvj + pwj.cross(rj))).dot(n)
+                vpn = ((pv + pw.cross(ri)) - (mj.pv + mj.pw.cross(rj))).dot(n)
                 target_p = beta * ti.max(rec.depth - slop, 0.0) / dt
                 jp_old = rec.impulse_p
                 jp = ti.max(jp_old + (target_p - vpn) / kn, 0.0)
-                rec.impulse_n = jn
-                rec.impulse_t = jt
-                rec.impulse_p = jp
-                lists.set(li, k, rec)
+                lists.set_member(li, k, "impulse_n", jn)
+                lists.set_member(li, k, "impulse_t", jt)
+                lists.set_member(li, k, "impulse_p", jp)
                 dP = (jn - jn_old) * n + (jt - jt_old)
                 P_sum += dP
                 L_sum += ri.cross(dP)
@@ -236,20 +257,19 @@ def kernel_solve_iteration(model: ti.template(), state: ti.template(), lists: ti
             w = w + Iw @ L_sum
             pv = pv + inv_m * Pp_sum
             pw = pw + Iw @ Lp_sum
-        solver.vel[dst, i] = v
-        solver.omega[dst, i] = w
-        solver.pvel[dst, i] = pv
-        solver.pomega[dst, i] = pw
+        solver.motion[dst, i] = Motion(v=v, w=w, pv=pv, pw=pw)
 
 
 @ti.data_oriented
 class JacobiSolver:
     """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, order, dt)`.
 
-    vel, omega, pvel, pomega: vec3 f32 fields of shape (2, body_capacity): ping-pong buffers of velocity
+    motion: Motion (v, w, pv, pw: vec3 f32) field of shape (2, body_capacity): ping-pong buffers of velocity
         (m/s, rad/s) and split-impulse pseudo velocity; the buffer index is a runtime argument, so both
-        directions share one compiled kernel.
-    inv_inertia_world: mat3 f32 (body_capacity,), world-frame inverse inertia at the start of the step.
+        directions share one compiled kernel. One record per body: a contact gathers the other body's four
+        vectors from one place.
+    body: SolverBody (body_capacity,): position, inverse mass, world-frame inverse inertia, contact count and
+        friction of each body at the start of the step (kernel_prepare).
     iterations: host int, runtime (sim.solver_iterations; the viewer may change it).
     """
 
@@ -257,11 +277,8 @@ class JacobiSolver:
         self.model = model
         self.iterations = int(iterations)
         n = model.body_capacity
-        self.vel = ti.Vector.field(3, ti.f32, (2, n))
-        self.omega = ti.Vector.field(3, ti.f32, (2, n))
-        self.pvel = ti.Vector.field(3, ti.f32, (2, n))
-        self.pomega = ti.Vector.field(3, ti.f32, (2, n))
-        self.inv_inertia_world = ti.Matrix.field(3, 3, ti.f32, n)
+        self.motion = Motion.field(shape=(2, n))
+        self.body = SolverBody.field(shape=n)
 
     def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate
@@ -276,6 +293,6 @@ class JacobiSolver:
                        order, dt)
         src = 0
         for _ in range(self.iterations):
-            kernel_solve_iteration(self.model, state_in, contacts.lists, contacts.base, self, order, src, dt)
+            kernel_solve_iteration(self.model, contacts.lists, contacts.base, self, order, src, dt)
             src = 1 - src
         kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health)

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="run.py bench profile", description=__doc__.splitlines()[0])
     p.add_argument("--scene", default="pile_1m", help="scene name in scenes/ (default pile_1m)")
-    p.add_argument("--storages", default="vla,padded")
+    p.add_argument("--storages", default="vla,padded", help="comma list of vla,padded,dynamic; padded:64 sets the per-body maximum")
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
@@ -31,8 +31,10 @@ def main(argv=None) -> int:
         raise UserError(f"--scene: no scene {args.scene!r} in scenes/ (expected a file {path})")
     storages = [s for s in args.storages.split(",") if s]
     for s in storages:
-        if s not in ("vla", "padded", "dynamic"):
-            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic")
+        kind, _, cap = s.partition(":")
+        if kind not in ("vla", "padded", "dynamic") or (cap and not (cap.isdigit() and int(cap) > 0)):
+            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic, padded and dynamic "
+                            f"optionally with a per-body maximum as in padded:64")
     import taichi as ti
 
     from bench.common import init_taichi
@@ -41,7 +43,9 @@ def main(argv=None) -> int:
 
     arch = init_taichi(args.arch, kernel_profiler=True)
     for storage in storages:
-        sim = get_simulation(load_scene(path, (f"sim.contacts={storage}",)), verbose=False)
+        kind, _, cap = storage.partition(":")
+        overrides = (f"sim.contacts={kind}",) + ((f"sim.padded_capacity={cap}",) if cap else ())
+        sim = get_simulation(load_scene(path, overrides), verbose=False)
         for _ in range(args.warmup):
             sim.step()
         ti.sync()

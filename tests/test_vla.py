@@ -262,6 +262,14 @@ def k_struct_depth_sum(v: ti.template(), out: ti.types.ndarray(dtype=ti.f32, ndi
         out[i] = s
 
 
+@ti.kernel
+def k_struct_bump_depth(v: ti.template()):
+    """depth += point.y through the member accessors (other members must stay untouched)."""
+    for i in range(v.num_arrays):
+        for k in range(v.length(i)):
+            v.set_member(i, k, "depth", v.get_member(i, k, "depth") + v.get_member(i, k, "point")[1])
+
+
 @pytest.mark.parametrize("layout", ["soa", "aos"])
 def test_struct_elements(layout):
     v = VLA(7, Contact, inline_capacity=2, chunk_size=4, layout=layout, name=f"contacts_{layout}")
@@ -280,6 +288,12 @@ def test_struct_elements(layout):
     k_struct_depth_sum(v, out)
     expect = [sum(2.5 * j for j in range(i, 200, 7)) for i in range(7)]
     np.testing.assert_allclose(out.to_numpy(), expect, rtol=1e-5)
+    k_struct_bump_depth(v)  # member write: depth 0.5 j -> 2.5 j, point and other unchanged
+    o2, after = v.to_csr()
+    np.testing.assert_array_equal(o2, offsets)
+    np.testing.assert_allclose(after["depth"], vals["depth"] + vals["point"][:, 1])
+    np.testing.assert_array_equal(after["point"], vals["point"])
+    np.testing.assert_array_equal(after["other"], vals["other"])
     v2 = VLA(7, Contact, inline_capacity=0, chunk_size=2, name="contacts2")  # no inline tier
     v2.from_csr(offsets, vals)
     o3, v3 = v2.to_csr()
@@ -424,6 +438,40 @@ def test_growth_moves_only_the_lists_that_grew():
     v.trim()
     assert v.stats()["pool_chunks_holes"] == 0
     assert sorted_lists(v) == [sorted(r) for r in ref]
+
+
+def test_commit_with_pool_full_midway_keeps_every_element():
+    """In one commit some lists still find room at the pool's end (device-side claims) and the rest find
+    it full (the pool is then compacted and grown on the host's side): every element ends up home, and
+    the pool's accounting (chunks used + holes <= total) stays consistent for later growth."""
+    n = 12
+    v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, reserve=10, name="midway")
+    total = v.stats()["pool_chunks_total"]
+    assert total < 3 * n  # not enough for every list's 3 chunks: some claims must fail
+    ref = [[] for _ in range(n)]
+    owner = np.repeat(np.arange(n), 5)  # 1 inline + 4 in the pool: 2 chunks + 1 of headroom each
+    vals = np.arange(len(owner)) + 1000
+    append_pairs(v, owner, vals, use_launch=False)
+    v.commit()
+    for o, x in zip(owner, vals):
+        ref[o].append(int(x))
+    st_ = v.stats()
+    assert st_["compact_events"] >= 1 and st_["overflow_events"] == 1
+    assert st_["pool_chunks_used"] + st_["pool_chunks_holes"] <= st_["pool_chunks_total"]
+    assert sorted_lists(v) == [sorted(r) for r in ref]
+    out = ti.ndarray(ti.i32, shape=n)
+    k_flat_sum(v, out)
+    np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+    # and again: lists grow on the device into the grown pool
+    owner = np.repeat([0, 5, 11], 9)
+    vals = np.arange(len(owner)) + 5000
+    append_pairs(v, owner, vals)
+    for o, x in zip(owner, vals):
+        ref[o].append(int(x))
+    assert sorted_lists(v) == [sorted(r) for r in ref]
+    out.fill(0)
+    k_flat_sum(v, out)
+    np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
 
 
 def test_growth_keeps_compiled_kernels_valid():

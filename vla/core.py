@@ -24,8 +24,8 @@ list's inline part or its already-owned chunks, the element goes home directly. 
 an overflow area through an atomic bump, tagged with (list, slot). :meth:`VLA.commit` then gives each
 list that ran out a new, larger run of chunks at the end of the pool (its old chunks become a hole,
 reclaimed by the next compaction), so a commit costs in proportion to the lists that grew, not to the
-pool, and moves the overflowed elements home. A list that grows gets ~25% (at least one chunk)
-more than it needs, so a list creeping upwards frame after frame does not grow every frame. Only when the
+pool, and moves the overflowed elements home. A list that grows gets 25% (whole chunks) more than it
+needs, so a list creeping upwards frame after frame grows O(log) times. Only when the
 pool is full does it compact and grow (to ~1.1x the demand, along a 2^(k/4) series).
 If even the overflow area was too small, ``commit`` grows everything to the demand it saw and raises
 :class:`VLAOverflowError`; :func:`vla.launch` catches that, rolls the lengths back and runs the kernel
@@ -175,21 +175,44 @@ def _k_move_lists(v: ti.template(), moved: _i32_nd, offset: _i32_nd, bump: ti.i3
     for i in range(v.num_arrays):
         m = moved[i]
         if m > 0:
-            old = v.table_start[i]
-            have = v.table_chunks[i]
-            new = bump + offset[i]
-            src = v._n_inline + (old << v._chunk_shift)
-            dst = v._n_inline + (new << v._chunk_shift)
-            for e in range(have << v._chunk_shift):
-                v.store[dst + e] = v.store[src + e]
-            for c in range(have):
-                v.table_owner[old + c] = -1
-            for c in range(m):
-                v.table_owner[new + c] = i
-            v.table_start[i] = new
-            v.table_chunks[i] = m
-            ti.atomic_add(v._scalars[3], have)
+            _move_list(v, i, bump + offset[i], m)
     v._scalars[2] = bump + offset[v.num_arrays]
+
+
+@ti.func
+def _move_list(v: ti.template(), i, new, m):
+    """Give list i the run of m chunks starting at chunk `new`, copy its elements there, and leave its old
+    chunks as a hole (owner -1)."""
+    old = v.table_start[i]
+    have = v.table_chunks[i]
+    src = v._n_inline + (old << v._chunk_shift)
+    dst = v._n_inline + (new << v._chunk_shift)
+    for e in range(have << v._chunk_shift):
+        v.store[dst + e] = v.store[src + e]
+    for c in range(have):
+        v.table_owner[old + c] = -1
+    for c in range(m):
+        v.table_owner[new + c] = i
+    v.table_start[i] = new
+    v.table_chunks[i] = m
+    ti.atomic_add(v._scalars[3], have)
+
+
+@ti.kernel
+def _k_commit_grow(v: ti.template(), pool_chunks: ti.i32):
+    """commit(), device side: every list whose length outgrew its chunks takes a new run (with headroom) at
+    the pool's bump through an atomic add, and moves there. No scan and no host round trip: this is the
+    path of a simulation step, where some list among millions grows almost every step. A list that finds
+    the pool full counts itself in _scalars[4]; commit() then compacts (and grows) the pool on the host's
+    side. Its claim has pushed the bump past the pool, which commit() repairs before anything reads it."""
+    for i in range(v.num_arrays):
+        m = v._grow_target(i, v.length_field[i], 1)
+        if m > 0:
+            new = ti.atomic_add(v._scalars[2], m)
+            if new + m <= pool_chunks:
+                _move_list(v, i, new, m)
+            else:
+                ti.atomic_add(v._scalars[4], 1)
 
 
 @ti.kernel
@@ -244,14 +267,16 @@ def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, tot
 
 @ti.kernel
 def _k_move_overflow_home(v: ti.template(), n: ti.i32):
-    """Store the n parked elements at home, then empty the overflow area (one launch)."""
+    """Store the n parked elements at home, then empty the overflow area (one launch). Does nothing while
+    _scalars[4] says that some list found no room (commit() grows the pool and calls it again)."""
     for o in range(n):
         meta = v.ovf_meta[o]
         # A slot at or past the list's length is dead (the list was emptied since): drop it, as its home
         # may lie outside the list's chunks.
-        if meta[1] < v.length_field[meta[0]]:
+        if v._scalars[4] == 0 and meta[1] < v.length_field[meta[0]]:
             v.store[v._addr(meta[0], meta[1])] = v.ovf_value[o]
-    v._scalars[0] = 0
+    if v._scalars[4] == 0:
+        v._scalars[0] = 0
 
 
 @ti.kernel
@@ -305,7 +330,7 @@ class VLA:
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`clear`, :meth:`reduce`, :meth:`for_each`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`,
+    :meth:`get_member`, :meth:`set_member` (struct elements), :meth:`clear`, :meth:`reduce`, :meth:`for_each`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`,
     :meth:`pending_size`, :meth:`pending_index`, :meth:`pending_value`, :meth:`get_inline`.
     """
 
@@ -348,12 +373,13 @@ class VLA:
         self.length_field = ti.field(ti.i32)
         self.table_start = ti.field(ti.i32)
         self.table_chunks = ti.field(ti.i32)
-        # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes
+        # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes,
+        # [4] lists that found the pool full in _k_commit_grow
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
         fb.dense(ti.i, n).place(self.table_start)
         fb.dense(ti.i, n).place(self.table_chunks)
-        fb.dense(ti.i, 4).place(self._scalars)
+        fb.dense(ti.i, 8).place(self._scalars)
         self._fixed_tree = fb.finalize()
 
         # Growable part: one field per SNode tree so a tree can be replaced without moving the others.
@@ -481,6 +507,21 @@ class VLA:
         self.store[self._addr(i, k)] = x
 
     @ti.func
+    def get_member(self, i, k, name: ti.template()):
+        """Member ``name`` (a str) of struct element k of list i: one member's load instead of the record's."""
+        return ti.static(_leaf_field(self.store, (name,)))[self._addr(i, k)]
+
+    @ti.func
+    def set_member(self, i, k, name: ti.template(), x):
+        """Overwrite member ``name`` of struct element k of list i, leaving the other members untouched: a
+        kernel that updates a few members of each record (a solver's accumulated impulses) writes those
+        bytes only."""
+        if ti.static(self._debug):
+            assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], \
+                "VLA.set_member: index out of range"
+        ti.static(_leaf_field(self.store, (name,)))[self._addr(i, k)] = x
+
+    @ti.func
     def clear(self, i):
         """Empty list i; its storage stays reserved for the next fill."""
         self.length_field[i] = 0
@@ -557,14 +598,16 @@ class VLA:
     @ti.func
     def _grow_target(self, i, demand, headroom):
         """Chunks list i gets if it must grow to hold ``demand`` elements, else 0. With headroom, a growing
-        list gets ~25% (at least one chunk) more than it needs, so that a list that creeps upwards frame
-        after frame does not grow every frame."""
+        list gets 25% (rounded down to whole chunks) more than it needs, so that a list that creeps upwards
+        frame after frame grows O(log) times, not every frame. No minimum of one extra chunk: for the short
+        lists that dominate (a contact list needs 1-3 chunks) that minimum doubled the reserved memory, and
+        a list that grows is moved on the device without a host round trip (_k_commit_grow)."""
         need = self._chunks_for(demand)
         m = 0
         if need > self.table_chunks[i]:
             m = need
             if headroom:
-                m = need + ti.max(1, need // 4)
+                m = need + need // 4
         return m
 
     @ti.func
@@ -593,10 +636,25 @@ class VLA:
         if n_ovf == 0:
             return
         ovf_cap = self._caps["ovf_value"]
-        self._grow_to(None, headroom=True)
-        # (also empties the overflow area)
+        pool = self._caps["pool_chunks"]
+        # Fast path, two launches and one read: lists grow at the pool's end on the device, then the parked
+        # elements move home (and the overflow area empties) unless some list found the pool full.
+        _k_commit_grow(self, pool)
         _k_move_overflow_home(self, min(n_ovf, ovf_cap))
+        scalars = self._scalars.to_numpy()
         self.overflow_events += 1
+        if scalars[4]:
+            # The pool is full: un-claim what the failed lists took past its end (the chunks between the
+            # last successful run and the end were never assigned: owner -1, skipped by every walk), then
+            # compact and grow it on the host's side and move the parked elements home.
+            self._scalars[4] = 0
+            self._scalars[2] = pool
+            self._bump = pool
+            self._grow_to(None, headroom=True)
+            _k_move_overflow_home(self, min(n_ovf, ovf_cap))
+        else:
+            self._bump = int(scalars[2])
+            self.grow_events += 1
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
             self._regrow("ovf_value", self.dtype, new_cap)
