@@ -229,7 +229,12 @@ DEFAULT_SIZES = {"heavy": 2_000_000, "uniform16": 1_250_000, "uniform1024": 20_0
 SMALL_SIZES = {"heavy": 40_000, "uniform16": 25_000, "uniform1024": 400}
 
 
-def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False):
+def _with_unroll(v, unroll):
+    v.reduce_unroll = unroll
+    return v
+
+
+def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=()):
     from vla import VLA, launch
 
     lens_np, max_len = make_lengths(dist, n, rng)
@@ -259,6 +264,11 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False):
          lambda: VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"], chunk_size=tuned["chunk_size"],
                      name="bench")),
     ]
+    for unroll in reduce_unrolls:
+        # the same tuned VLA with reduce() keeping `unroll` pool loads in flight (get() loop and fill unchanged)
+        stores.append((f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']}) reduce x{unroll}",
+                       lambda u=unroll: _with_unroll(VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"],
+                                                         chunk_size=tuned["chunk_size"], name="bench"), u)))
     for name, make in stores:
         s = make()
         row = {"dist": dist, "store": name, "arrays": n, "elements": int(lens_np.sum()), "live_MB": live_bytes / 1e6}
@@ -304,7 +314,7 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False):
             if int(partial.to_numpy().sum()) != int(reference.astype(np.int64).sum()):
                 raise AssertionError(f"{dist}: {name} flat read sum differs")
             row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
-            if reuse and dist != "uniform1024":
+            if reuse and dist != "uniform1024" and " reduce x" not in name:
                 rout = ti.field(ti.i32, shape=n * REUSE_BLOCK)
                 row["reuse_global_ms"] = time_ms(lambda s=s: k_reuse_global(s, rout), repeats=repeats)
                 ref_reuse = rout.to_numpy()
@@ -370,6 +380,8 @@ def main(argv=None):
     p.add_argument("--dists", default="heavy,uniform16,uniform1024")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reduce-unrolls", default="",
+                   help="comma list: extra rows, the tuned VLA with reduce() keeping N pool loads in flight (e.g. 32,64)")
     p.add_argument("--kernel-times", action="store_true",
                    help="also report device time per operation (Taichi's kernel profiler), not only wall time")
     args = p.parse_args(argv)
@@ -379,6 +391,12 @@ def main(argv=None):
     for d in dists:
         if d not in DEFAULT_SIZES:
             raise UserError(f"--dists: unknown distribution {d!r}; expected some of {', '.join(DEFAULT_SIZES)}")
+    try:
+        unrolls = [int(u) for u in args.reduce_unrolls.split(",") if u.strip()]
+    except ValueError:
+        raise UserError(f"--reduce-unrolls: expected a comma list of positive ints, got {args.reduce_unrolls!r}") from None
+    if any(u < 1 for u in unrolls):
+        raise UserError(f"--reduce-unrolls: expected positive ints, got {args.reduce_unrolls!r}")
     arch = init_taichi(args.arch, kernel_profiler=args.kernel_times)
     small = args.small or arch == "cpu"
     sizes = SMALL_SIZES if small else DEFAULT_SIZES
@@ -386,7 +404,8 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     rows, tuned = [], {}
     for d in dists:
-        r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times)
+        r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times,
+                                  reduce_unrolls=unrolls)
         rows += r
         tuned[d] = t
     bw, kbw = copy_bandwidth_GBps(repeats, small, args.kernel_times)
