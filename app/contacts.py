@@ -37,12 +37,9 @@ vec3 = ti.types.vector(3, ti.f32)
 #   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
 #   impulse_n: f32 N s, accumulated normal impulse; impulse_t: vec3 N s, accumulated friction impulse
 #   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
-#   k_n: f32 1/kg, effective inverse mass along the normal (both split bodies; set by the solver's prepare)
-# 64 bytes: records stored whole (the VLA's "aos" layout, padded rows) start on 32-byte memory sectors, so
-# reading one touches exactly 2 sectors (a 60-byte record straddled 3 in half the cases).
 ContactRecord = ti.types.struct(point=vec3, normal=vec3, depth=ti.f32, other=ti.i32, feature=ti.i32,
-                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32, bias=ti.f32, k_n=ti.f32)
-CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1 + 1)
+                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32, bias=ti.f32)
+CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1)
 
 
 def _dtype_bytes(dtype) -> int:

@@ -35,15 +35,23 @@ vec3 = ti.types.vector(3, ti.f32)
 mat3 = ti.types.matrix(3, 3, ti.f32)
 
 # What a contact needs of the body at its other end, gathered once per contact per iteration: packed in one
-# record instead of six fields (pos, inverse mass, inertia, list length,
+# record (60 bytes, 2 memory sectors) instead of six fields (pos, inverse mass, inertia, list length,
 # material -> friction: a sector each). Filled by kernel_prepare.
 #   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia: world-frame inverse inertia 1/(kg m^2) at the start of
-#   the step; split: contacts in the body's list (mass-splitting factor); friction, restitution: the body
-#   material's. 64 bytes: a record starts on a 32-byte memory sector, and reading it touches exactly 2.
-SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia=mat3, split=ti.f32, friction=ti.f32,
-                             restitution=ti.f32)
+#   the step; split: contacts in the body's list (mass-splitting factor); friction: the body material's mu.
+SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia=mat3, split=ti.f32, friction=ti.f32)
 # Velocity and split-impulse pseudo velocity of a body (m/s, rad/s), one 48-byte record per body and buffer.
 Motion = ti.types.struct(v=vec3, w=vec3, pv=vec3, pw=vec3)
+
+
+@ti.func
+def _material_of_other(model: ti.template(), other):
+    m = 0
+    if other >= 0:
+        m = model.body_material[other]
+    else:
+        m = model.plane_material[-1 - other]
+    return m
 
 
 @ti.func
@@ -68,7 +76,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 
     Reads state (poses and velocities at the start of the step), model, lists[prev_base + i], order (every
     body once; neighbours next to each other, see JacobiSolver.step).
-    Writes lists[base + i] (impulses, bias, k_n), solver.motion[0, i], solver.body[i], contacts.contact_total (each
+    Writes lists[base + i] (impulses, bias), solver.motion[0, i], solver.body[i], contacts.contact_total (each
     pair counted once)."""
     g = model.gravity[None]
     warm = model.warm_start[None]
@@ -79,8 +87,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         solver.body[i] = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i],
                                     inv_inertia=world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]),
                                     split=ti.cast(lists.length(base + i), ti.f32),
-                                    friction=model.material_friction[model.body_material[i]],
-                                    restitution=model.material_restitution[model.body_material[i]])
+                                    friction=model.material_friction[model.body_material[i]])
     for t in range(n_bodies):
         i = order[t]
         li = base + i
@@ -106,6 +113,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         wi = state.body_omega[i]
         if inv_m > 0.0:
             vi = vi + g * dt
+        mi = model.body_material[i]
         # merge-walk the previous (sorted) list
         lp = prev_base + i
         n_prev = lists.length(lp)
@@ -133,26 +141,17 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             j = rec.other
             vj = vec3(0.0)
             wj = vec3(0.0)
-            bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia=mat3(0.0), split=0.0, friction=0.0,
-                                restitution=0.0)
+            xj = vec3(0.0)
             if j >= 0:
-                bj = solver.body[j]
                 vj = state.body_vel[j]
-                if bj.inv_mass > 0.0:
+                if model.body_inv_mass[j] > 0.0:
                     vj = vj + g * dt
                 wj = state.body_omega[j]
+                xj = state.body_pos[j]
             ri = rec.point - xi
-            rj = rec.point - bj.pos
+            rj = rec.point - xj
             vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(rec.normal)
-            # effective inverse mass along the normal with split (n-times lighter) bodies: fixed for the step
-            # (poses and contact counts do not change during the iterations), same value in both copies
-            rin = ri.cross(rec.normal)
-            rjn = rj.cross(rec.normal)
-            k_n = solver.body[i].split * (inv_m + rin.dot(Iw @ rin)) + bj.split * (bj.inv_mass + rjn.dot(bj.inv_inertia @ rjn))
-            e_j = bj.restitution
-            if j < 0:
-                e_j = model.material_restitution[model.plane_material[-1 - j]]
-            e = ti.max(solver.body[i].restitution, e_j)
+            e = ti.max(model.material_restitution[mi], model.material_restitution[_material_of_other(model, j)])
             bias = ti.min(rec.depth, 0.0) / dt   # speculative: may approach by the gap, no further
             if vn0 < -threshold and rec.depth > vn0 * dt:
                 # it touches within this step: bounce
@@ -163,7 +162,6 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             lists.set_member(li, k, "impulse_t", rec.impulse_t)
             lists.set_member(li, k, "impulse_p", rec.impulse_p)
             lists.set_member(li, k, "bias", bias)
-            lists.set_member(li, k, "k_n", k_n)
             P = rec.impulse_n * rec.normal + rec.impulse_t
             P_sum += P
             L_sum += ri.cross(P)
@@ -205,8 +203,7 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 n = rec.normal
                 ri = rec.point - xi
                 mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
-                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia=mat3(0.0), split=0.0, friction=0.0,
-                                restitution=0.0)
+                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia=mat3(0.0), split=0.0, friction=0.0)
                 if j >= 0:
                     mj = solver.motion[src, j]
                     bj = solver.body[j]
@@ -217,7 +214,12 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 inv_mj = bj.inv_mass
                 Iwj = bj.inv_inertia
                 split_j = bj.split
-                kn = rec.k_n  # effective inverse mass along n (kernel_prepare)
+                # effective inverse masses with split (n-times lighter) bodies; same value in both copies
+                rin = ri.cross(n)
+                rjn = rj.cross(n)
+                k_i = split_i * (inv_m + rin.dot(Iw @ rin))
+                k_j = split_j * (inv_mj + rjn.dot(Iwj @ rjn))
+                kn = k_i + k_j
                 vrel = (v + w.cross(ri)) - (mj.v + mj.w.cross(rj))
                 vn = vrel.dot(n)
                 jn_old = rec.impulse_n
