@@ -206,14 +206,15 @@ def test_csr_roundtrip_lists_and_read_paths():
     np.testing.assert_array_equal(first.to_numpy(), expect_first)
 
 
-@pytest.mark.parametrize("ic,cs", [(0, 1), (3, 4), (2, 32)])
-def test_reduce_and_for_each_visit_in_order(ic, cs):
+@pytest.mark.parametrize("ic,cs,unroll", [(0, 1, 32), (3, 4, 8), (2, 32, 16)])
+def test_reduce_and_for_each_visit_in_order(ic, cs, unroll):
     rng = np.random.default_rng(ic + cs)
-    lens = rng.integers(0, 90, size=20)
-    lens[0], lens[1] = 0, 89
+    lens = rng.integers(0, 150, size=20)
+    lens[0], lens[1] = 0, 149  # 149 - ic pool elements: groups of `unroll`, then of 16, then single ones
     offsets = np.concatenate([[0], np.cumsum(lens)])
     values = rng.integers(-3, 4, size=offsets[-1]).astype(np.int32)
     v = VLA(20, ti.i32, inline_capacity=ic, chunk_size=cs, name=f"red{ic}{cs}")
+    v.reduce_unroll = unroll
     v.from_csr(offsets, values)
     out = ti.ndarray(ti.i64, shape=20)
     k_reduce(v, out)
@@ -224,7 +225,7 @@ def test_reduce_and_for_each_visit_in_order(ic, cs):
             acc = acc * 3 + int(x)
         expect.append(((acc + 2**63) % 2**64) - 2**63)  # i64 wrap-around, as on the device
     assert out.to_numpy().tolist() == expect
-    dense = ti.field(ti.i32, shape=(20, 90))
+    dense = ti.field(ti.i32, shape=(20, 150))
     dense.fill(-99)
     k_for_each(v, dense)
     d = dense.to_numpy()
