@@ -99,7 +99,10 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             o_a = lists.get_member(li, a, "other")
             f_a = lists.get_member(li, a, "feature")
             b = a - 1
-            while b >= 0 and _key_less(o_a, f_a, lists.get_member(li, b, "other"), lists.get_member(li, b, "feature")):
+            # (a break, not `b >= 0 and ...`: Taichi evaluates both operands, which would read element -1)
+            while b >= 0:
+                if not _key_less(o_a, f_a, lists.get_member(li, b, "other"), lists.get_member(li, b, "feature")):
+                    break
                 b -= 1
             if b + 1 < a:
                 rec = lists.get(li, a)
@@ -125,7 +128,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             rec = lists.get(li, k)
             if rec.other > i or rec.other < 0:
                 counted += 1
-            while p < n_prev and _key_less_at(lists, lp, p, rec.other, rec.feature):
+            while p < n_prev:  # (a break for the same reason: no read past the previous list's end)
+                if not _key_less_at(lists, lp, p, rec.other, rec.feature):
+                    break
                 p += 1
             rec.impulse_n = 0.0
             rec.impulse_t = vec3(0.0)

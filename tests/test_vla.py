@@ -206,7 +206,7 @@ def test_csr_roundtrip_lists_and_read_paths():
     np.testing.assert_array_equal(first.to_numpy(), expect_first)
 
 
-@pytest.mark.parametrize("ic,cs,unroll", [(0, 1, 32), (3, 4, 8), (2, 32, 16)])
+@pytest.mark.parametrize("ic,cs,unroll", [(0, 1, 32), (3, 4, 8), (2, 32, 24)])
 def test_reduce_and_for_each_visit_in_order(ic, cs, unroll):
     rng = np.random.default_rng(ic + cs)
     lens = rng.integers(0, 150, size=20)
@@ -448,9 +448,9 @@ def test_commit_with_pool_full_midway_keeps_every_element():
     n = 12
     v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, reserve=10, name="midway")
     total = v.stats()["pool_chunks_total"]
-    assert total < 3 * n  # not enough for every list's 3 chunks: some claims must fail
+    assert total < 2 * n  # not enough for every list's 2 chunks: some claims must fail
     ref = [[] for _ in range(n)]
-    owner = np.repeat(np.arange(n), 5)  # 1 inline + 4 in the pool: 2 chunks + 1 of headroom each
+    owner = np.repeat(np.arange(n), 5)  # 1 inline + 4 in the pool: 2 chunks each (+25% rounds down to 0)
     vals = np.arange(len(owner)) + 1000
     append_pairs(v, owner, vals, use_launch=False)
     v.commit()
@@ -473,6 +473,21 @@ def test_commit_with_pool_full_midway_keeps_every_element():
     out.fill(0)
     k_flat_sum(v, out)
     np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+
+
+def test_dead_overflow_is_dropped_and_counts_no_growth():
+    """Appends past a list's room that a clear() made dead before the commit: dropped, nothing grows."""
+    v = VLA(3, ti.i32, inline_capacity=1, chunk_size=2, name="dead")
+    append_pairs(v, [1] * 6, range(6), use_launch=False)  # 5 parked in the overflow area
+    ids = ti.ndarray(ti.i32, shape=1)
+    ids.from_numpy(np.array([1], np.int32))
+    k_clear_some(v, ids, 1)
+    v.commit()
+    st_ = v.stats()
+    assert st_["overflow_events"] == 1 and st_["grow_events"] == 0 and st_["pool_chunks_used"] == 0
+    assert v.to_lists() == [[], [], []]
+    append_pairs(v, [1] * 6, range(10, 16))  # now it grows (once) and keeps all six
+    assert v.stats()["grow_events"] == 1 and sorted(v.to_lists()[1]) == list(range(10, 16))
 
 
 def test_growth_keeps_compiled_kernels_valid():

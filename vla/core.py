@@ -217,6 +217,7 @@ def _k_commit_grow(v: ti.template(), pool_chunks: ti.i32):
             new = ti.atomic_add(v._scalars[2], m)
             if new + m <= pool_chunks:
                 _move_list(v, i, new, m)
+                ti.atomic_add(v._scalars[5], 1)
             else:
                 ti.atomic_add(v._scalars[4], 1)
 
@@ -383,7 +384,7 @@ class VLA:
         self.table_start = ti.field(ti.i32)
         self.table_chunks = ti.field(ti.i32)
         # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes,
-        # [4] lists that found the pool full in _k_commit_grow
+        # [4] lists that found the pool full in _k_commit_grow, [5] lists it moved (cumulative)
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
         fb.dense(ti.i, n).place(self.table_start)
@@ -397,6 +398,7 @@ class VLA:
         self.store = self.table_owner = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
         self._bump = 0              # chunks handed out: [0, bump); holes among them have owner -1
         self.grow_events = 0
+        self._lists_moved = 0       # host copy of _scalars[5]
         self.compact_events = 0
         self.overflow_events = 0
         self.recompile_events = 0
@@ -492,7 +494,6 @@ class VLA:
         if rem > 0:
             base = self._n_inline + (self.table_start[i] << self._chunk_shift)
             U = ti.static(self.reduce_unroll)
-            done = 0
             for g in range(rem // U):
                 for j in ti.static(range(U)):
                     acc = f(acc, self.store[base + g * U + j])
@@ -501,7 +502,7 @@ class VLA:
                 for g in range((rem - done) >> 4):
                     for j in ti.static(range(16)):
                         acc = f(acc, self.store[base + done + g * 16 + j])
-                done = rem - (rem & 15)
+                done += ((rem - done) >> 4) << 4
             for j in range(done, rem):
                 acc = f(acc, self.store[base + j])
         return acc
@@ -529,6 +530,9 @@ class VLA:
     @ti.func
     def get_member(self, i, k, name: ti.template()):
         """Member ``name`` (a str) of struct element k of list i: one member's load instead of the record's."""
+        if ti.static(self._debug):
+            assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], \
+                "VLA.get_member: index out of range"
         return ti.static(_leaf_field(self.store, (name,)))[self._addr(i, k)]
 
     @ti.func
@@ -619,7 +623,8 @@ class VLA:
     def _grow_target(self, i, demand, headroom):
         """Chunks list i gets if it must grow to hold ``demand`` elements, else 0. With headroom, a growing
         list gets 25% (rounded down to whole chunks) more than it needs, so that a list that creeps upwards
-        frame after frame grows O(log) times, not every frame. No minimum of one extra chunk: for the short
+        frame after frame grows O(log) times once it holds 4 chunks or more (before that, once per chunk),
+        not every frame. No minimum of one extra chunk: for the short
         lists that dominate (a contact list needs 1-3 chunks) that minimum doubled the reserved memory, and
         a list that grows is moved on the device without a host round trip (_k_commit_grow)."""
         need = self._chunks_for(demand)
@@ -670,11 +675,14 @@ class VLA:
             self._scalars[4] = 0
             self._scalars[2] = pool
             self._bump = pool
+            self._lists_moved = int(scalars[5])  # (counted as one growth by _grow_to below)
             self._grow_to(None, headroom=True)
             _k_move_overflow_home(self, min(n_ovf, ovf_cap))
         else:
             self._bump = int(scalars[2])
-            self.grow_events += 1
+            if scalars[5] != self._lists_moved:  # (every overflowed append may have been dead: no growth)
+                self._lists_moved = int(scalars[5])
+                self.grow_events += 1
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
             self._regrow("ovf_value", self.dtype, new_cap)
@@ -964,7 +972,9 @@ class VLA:
 
     def _relayout(self, target, shrink):
         """Compact the pool: target[i] chunks for list i, in list order, keeping every list's data (up to
-        target[i] chunks). The pool grows with ~20% headroom if it must, or shrinks to fit if asked."""
+        target[i] chunks). The pool grows (to 1.1-1.2x the demand) if less than ~10% of it would stay free,
+        or shrinks to fit if asked. Each growth copies the whole store: a pool whose demand keeps rising
+        re-lays itself out about every 10% of growth (more often than with x1.5 steps, for less memory)."""
         n = self.num_arrays
         self.compact_events += 1
         new_start = self._scratch_nd("new_start", n + 1)
