@@ -547,7 +547,12 @@ class VLA:
 
     @ti.func
     def clear(self, i):
-        """Empty list i; its storage stays reserved for the next fill."""
+        """Empty list i; its storage stays reserved for the next fill.
+
+        Appends parked in the overflow area before the clear are dropped by the next commit() only where
+        their slot lies at or past the list's new length. So commit (or use vla.launch) between a kernel
+        whose appends to list i overflowed and a later clear-and-refill of list i past its room: otherwise
+        an old parked value and a new one share a slot, and either may end up there."""
         self.length_field[i] = 0
 
     @ti.func
