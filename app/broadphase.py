@@ -158,8 +158,7 @@ class Grid:
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
         self.scan_scratch = ti.field(ti.i32, scan_scratch_size(self.table_size))
         # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
-        # 4 inline and 4-element chunks; the pool starts with room for two more per body on average.
-        # Split by class, a list holds ~2 of them: 2 inline, 4-element chunks.
+        # ~2 per class list: 2 inline and 4-element chunks; the pool starts with room for two more per body.
         self.pair_stride = n
         self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
                          name="candidate_pairs")

@@ -35,7 +35,7 @@ vec3 = ti.types.vector(3, ti.f32)
 mat3 = ti.types.matrix(3, 3, ti.f32)
 
 # What a contact needs of the body at its other end, gathered once per contact per iteration: packed in one
-# record (60 bytes, 2 memory sectors) instead of six fields (pos, inverse mass, inertia, list length,
+# record (60 bytes: 2-3 memory sectors) instead of six fields (pos, inverse mass, inertia, list length,
 # material -> friction: a sector each). Filled by kernel_prepare.
 #   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia: world-frame inverse inertia 1/(kg m^2) at the start of
 #   the step; split: contacts in the body's list (mass-splitting factor); friction: the body material's mu.

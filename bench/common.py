@@ -23,6 +23,24 @@ def init_taichi(arch: str, kernel_profiler: bool = False):
     return arch
 
 
+CONTACT_STORAGES = ("vla", "padded", "dynamic")
+
+
+def parse_storages(text: str) -> list:
+    """--storages "vla,padded:64" -> [(spec, scene overrides)], e.g. ("padded:64", ("sim.contacts=padded",
+    "sim.padded_capacity=64")). Raises UserError naming the bad entry."""
+    from app.errors import UserError
+
+    out = []
+    for spec in [s.strip() for s in text.split(",") if s.strip()]:
+        kind, _, cap = spec.partition(":")
+        if kind not in CONTACT_STORAGES or (cap and not (cap.isdigit() and int(cap) > 0)):
+            raise UserError(f"--storages: unknown storage {spec!r}; valid: vla | padded | dynamic, padded and "
+                            f"dynamic optionally with a per-body maximum as in padded:64")
+        out.append((spec, (f"sim.contacts={kind}",) + ((f"sim.padded_capacity={cap}",) if cap else ())))
+    return out
+
+
 def kernel_ms(fn, repeats=10, warmup=1):
     """Device time of the kernels fn() launches, in ms per call (mean over repeats): what the device spends,
     without the host's launch and synchronisation overhead. Needs init_taichi(kernel_profiler=True)."""

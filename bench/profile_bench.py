@@ -29,22 +29,16 @@ def main(argv=None) -> int:
     path = os.path.join(ROOT, "scenes", f"{args.scene}.yaml")
     if not os.path.exists(path):
         raise UserError(f"--scene: no scene {args.scene!r} in scenes/ (expected a file {path})")
-    storages = [s for s in args.storages.split(",") if s]
-    for s in storages:
-        kind, _, cap = s.partition(":")
-        if kind not in ("vla", "padded", "dynamic") or (cap and not (cap.isdigit() and int(cap) > 0)):
-            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic, padded and dynamic "
-                            f"optionally with a per-body maximum as in padded:64")
+    from bench.common import init_taichi, parse_storages
+
+    storages = parse_storages(args.storages)
     import taichi as ti
 
-    from bench.common import init_taichi
     from app.headless import get_simulation
     from app.scene import load_scene
 
     arch = init_taichi(args.arch, kernel_profiler=True)
-    for storage in storages:
-        kind, _, cap = storage.partition(":")
-        overrides = (f"sim.contacts={kind}",) + ((f"sim.padded_capacity={cap}",) if cap else ())
+    for storage, overrides in storages:
         sim = get_simulation(load_scene(path, overrides), verbose=False)
         for _ in range(args.warmup):
             sim.step()

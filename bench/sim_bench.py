@@ -144,12 +144,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from app.errors import UserError
 
-    storages = [s.strip() for s in args.storages.split(",") if s.strip()]
-    for s in storages:
-        kind, _, cap = s.partition(":")
-        if kind not in STORAGES or (cap and not (cap.isdigit() and int(cap) > 0)):
-            raise UserError(f"--storages: unknown storage {s!r}; valid: vla | padded | dynamic, padded and dynamic "
-                            f"optionally with a per-body maximum as in padded:64")
+    from bench.common import parse_storages
+
+    storages = parse_storages(args.storages)
     arch = args.arch  # Taichi runs in the per-run subprocesses only (which report the arch they took)
     steps = args.steps or (40 if args.small else 200)
     rows = []
@@ -158,10 +155,10 @@ def main(argv=None) -> int:
         if not os.path.exists(path):
             raise UserError(f"--scenes: no scene {name!r} in scenes/ (expected a file {path})")
         overrides = SMALL_OVERRIDES.get(name, ()) if args.small else ()
-        for storage in storages:
-            kind, _, cap = storage.partition(":")
-            extra = (f"sim.padded_capacity={cap}",) if cap else ()
-            r = _bench_in_subprocess(path, kind, steps, tuple(overrides) + extra, args.warmup, args.arch)
+        for storage, storage_overrides in storages:
+            kind = storage.partition(":")[0]
+            r = _bench_in_subprocess(path, kind, steps, tuple(overrides) + storage_overrides[1:], args.warmup,
+                                     args.arch)
             r["storage"] = storage
             rows.append(r)
             if "error" in r:

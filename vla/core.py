@@ -162,27 +162,9 @@ def _k_clear_all(v: ti.template()):
 
 
 @ti.kernel
-def _k_grow_targets_from_lengths(v: ti.template(), moved: _i32_nd):
-    """commit(): _k_grow_targets with demand = the current lengths, with headroom (one kernel less)."""
-    for i in range(v.num_arrays):
-        moved[i] = v._grow_target(i, v.length_field[i], 1)
-
-
-@ti.kernel
 def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd):
     for i in range(v.num_arrays):
         moved[i] = v._grow_target(i, demand[i], headroom)
-
-
-@ti.kernel
-def _k_move_lists(v: ti.template(), moved: _i32_nd, offset: _i32_nd, bump: ti.i32):
-    """Give every list with moved[i] > 0 a fresh run of moved[i] chunks at bump + offset[i], copy its
-    elements there, and leave its old chunks as a hole (owner -1)."""
-    for i in range(v.num_arrays):
-        m = moved[i]
-        if m > 0:
-            _move_list(v, i, bump + offset[i], m)
-    v._scalars[2] = bump + offset[v.num_arrays]
 
 
 @ti.func
@@ -204,22 +186,37 @@ def _move_list(v: ti.template(), i, new, m):
     ti.atomic_add(v._scalars[3], have)
 
 
+@ti.func
+def _claim_run(v: ti.template(), i, m, pool_chunks):
+    """List i takes a new run of m > 0 chunks at the pool's bump (an atomic add: no prefix sum, no host
+    round trip) and moves there, counting itself in _scalars[5]. If the pool is full it counts itself in
+    _scalars[4] instead; its claim has then pushed the bump past the pool, which the host repairs
+    (VLA._repair_bump) before anything reads it."""
+    new = ti.atomic_add(v._scalars[2], m)
+    if new + m <= pool_chunks:
+        _move_list(v, i, new, m)
+        ti.atomic_add(v._scalars[5], 1)
+    else:
+        ti.atomic_add(v._scalars[4], 1)
+
+
 @ti.kernel
 def _k_commit_grow(v: ti.template(), pool_chunks: ti.i32):
-    """commit(), device side: every list whose length outgrew its chunks takes a new run (with headroom) at
-    the pool's bump through an atomic add, and moves there. No scan and no host round trip: this is the
-    path of a simulation step, where some list among millions grows almost every step. A list that finds
-    the pool full counts itself in _scalars[4]; commit() then compacts (and grows) the pool on the host's
-    side. Its claim has pushed the bump past the pool, which commit() repairs before anything reads it."""
+    """commit(): every list whose length outgrew its chunks claims a new run with headroom (_claim_run).
+    Targets and claims in one launch: this is the path of a simulation step, where some list among
+    millions grows almost every step."""
     for i in range(v.num_arrays):
         m = v._grow_target(i, v.length_field[i], 1)
         if m > 0:
-            new = ti.atomic_add(v._scalars[2], m)
-            if new + m <= pool_chunks:
-                _move_list(v, i, new, m)
-                ti.atomic_add(v._scalars[5], 1)
-            else:
-                ti.atomic_add(v._scalars[4], 1)
+            _claim_run(v, i, m, pool_chunks)
+
+
+@ti.kernel
+def _k_claim_runs(v: ti.template(), moved: _i32_nd, pool_chunks: ti.i32):
+    """reserve()/from_csr() and commit's slow path: every list with moved[i] > 0 claims that many chunks."""
+    for i in range(v.num_arrays):
+        if moved[i] > 0:
+            _claim_run(v, i, moved[i], pool_chunks)
 
 
 @ti.kernel
@@ -666,28 +663,19 @@ class VLA:
         if n_ovf == 0:
             return
         ovf_cap = self._caps["ovf_value"]
-        pool = self._caps["pool_chunks"]
         # Fast path, two launches and one read: lists grow at the pool's end on the device, then the parked
         # elements move home (and the overflow area empties) unless some list found the pool full.
-        _k_commit_grow(self, pool)
+        _k_commit_grow(self, self._caps["pool_chunks"])
         _k_move_overflow_home(self, min(n_ovf, ovf_cap))
-        scalars = self._scalars.to_numpy()
         self.overflow_events += 1
-        if scalars[4]:
-            # The pool is full: un-claim what the failed lists took past its end (the chunks between the
-            # last successful run and the end were never assigned: owner -1, skipped by every walk), then
-            # compact and grow it on the host's side and move the parked elements home.
-            self._scalars[4] = 0
-            self._scalars[2] = pool
-            self._bump = pool
-            self._lists_moved = int(scalars[5])  # (counted as one growth by _grow_to below)
-            self._grow_to(None, headroom=True)
+        grown = self.grow_events
+        if not self._after_claims():
+            # The pool was full: compact and grow it on the host's side, then move the parked elements home.
+            demand = self._scratch_nd("demand", self.num_arrays)
+            _k_lengths_to_nd(self, demand)
+            self._grow_to(demand, headroom=True)
+            self.grow_events = grown + 1
             _k_move_overflow_home(self, min(n_ovf, ovf_cap))
-        else:
-            self._bump = int(scalars[2])
-            if scalars[5] != self._lists_moved:  # (every overflowed append may have been dead: no growth)
-                self._lists_moved = int(scalars[5])
-                self.grow_events += 1
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
             self._regrow("ovf_value", self.dtype, new_cap)
@@ -950,27 +938,36 @@ class VLA:
         demand.from_numpy(lengths_np)
         self._grow_to(demand, headroom=False)
 
+    def _after_claims(self) -> bool:
+        """After a kernel that ran _claim_run: count a growth if any list moved, and keep the host's copy of
+        the bump. Returns False when some list found the pool full; the bump is then set back to the
+        pool's end (the chunks between the last successful run and the end were never assigned: owner -1,
+        skipped by every walk) and the caller must compact."""
+        scalars = self._scalars.to_numpy()
+        if scalars[5] != self._lists_moved:
+            self._lists_moved = int(scalars[5])
+            self.grow_events += 1
+        if scalars[4]:
+            self._scalars[4] = 0
+            self._scalars[2] = self._caps["pool_chunks"]
+            self._bump = self._caps["pool_chunks"]
+            return False
+        self._bump = int(scalars[2])
+        return True
+
     def _grow_to(self, demand, headroom):
         """Give every list the chunks it needs to hold demand[i] elements (device-side).
 
-        Lists that must grow get a new run of chunks at the end of the pool (cost: their own elements);
+        Lists that must grow claim a new run of chunks at the end of the pool (cost: their own elements);
         only when the pool is full does everything compact into a larger pool (cost: the whole pool)."""
         n = self.num_arrays
         moved = self._scratch_nd("moved", n)
-        offset = self._scratch_nd("moved_off", n + 1)
-        if demand is None:  # commit: the current lengths (one kernel less)
-            _k_grow_targets_from_lengths(self, moved)
-        else:
-            _k_grow_targets(self, demand, int(headroom), moved)
-        self._scanner.exclusive(moved, n, offset)
-        total = int(offset[n])
-        if total == 0:
+        _k_grow_targets(self, demand, int(headroom), moved)
+        _k_claim_runs(self, moved, self._caps["pool_chunks"])
+        grown = self.grow_events
+        if self._after_claims():
             return
-        self.grow_events += 1
-        if self._bump + total <= self._caps["pool_chunks"]:
-            _k_move_lists(self, moved, offset, self._bump)  # (also advances the device's bump)
-            self._bump += total
-            return
+        self.grow_events = grown + 1  # lists grow through the compaction (counted once with those that moved)
         target = self._scratch_nd("target", n)
         _k_target_keep(self, moved, target)
         self._relayout(target, shrink=False)
@@ -988,8 +985,7 @@ class VLA:
         n_old = self._bump
         cs = self.chunk_size
         cap = self._caps["pool_chunks"]
-        # Grow before the pool is full: compacting a pool that is left nearly full only to compact it again a
-        # few growths later was measured at 39 compactions in 1154 steps of a 1M-body pile.
+        # Grow before the pool is full, so that a compaction leaves room for the growths that follow.
         regrow = total > cap or (shrink and total < cap) or (not shrink and total * _POOL_HEADROOM > cap)
         # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
         tmp_base = self._n_inline if regrow else 0
@@ -1001,8 +997,6 @@ class VLA:
         if regrow and tmp_base:
             _k_inline_to_tmp(self)
         if regrow:
-            # 10-20% headroom over the demand (geometric, so a pool that keeps growing re-lays itself out
-            # O(log) times: each re-layout copies the whole store, the inline tier included).
             cap = max(1, total if shrink else _bucket(total * _POOL_HEADROOM, _POOL_STEPS_PER_OCTAVE))
             self._regrow("store", self.dtype, self._n_inline + cap * cs)
             self._regrow("table_owner", ti.i32, cap)
