@@ -129,12 +129,14 @@ class Model:
         return (scene.body_count + extra_bodies <= self.body_capacity and len(scene.materials) <= self.material_capacity
                 and len(plane_rows(scene.statics, 1.0)) <= self.plane_capacity)
 
-    def load(self, scene: Scene):
-        """Fill every field from a validated scene (capacity must suffice: see fits)."""
+    def load(self, scene: Scene, bodies=None):
+        """Fill every field from a validated scene (capacity must suffice: see fits). bodies: the scene's
+        body rows in the order to store them (default scene.bodies; the Simulation passes them in Z-order);
+        the planes' reach is computed from all of the scene's bodies either way."""
         sim = scene.resolved_sim()
         self.set_params(sim)  # first: the grid cell size below depends on the contact margin
         self.set_materials(scene.materials)
-        self.set_bodies(scene.bodies, scene.materials, start=0)
+        self.set_bodies(scene.bodies if bodies is None else bodies, scene.materials, start=0)
         rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
         if len(rows) > self.plane_capacity:
             raise ValueError(f"{len(rows)} static planes exceed the model's plane capacity {self.plane_capacity}")

@@ -20,7 +20,7 @@ import taichi as ti
 from vla import launch
 
 from app.atomics import atomic_max_rare
-from app.broadphase import kernel_candidate_pairs
+from app.broadphase import PAIR_CLASSES, kernel_candidate_pairs
 from app.contacts import ContactRecord
 from app.math3d import quat_to_mat, sign_nz
 
@@ -387,47 +387,65 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 
 
 @ti.func
-def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                   base, contacts: ti.template(), margin, t, j):
-    """Contact geometry of one candidate pair (body i = grid.body_order[t] with body j, or plane -1 - j when
-    j < 0), appended to lists[base + i] (and lists[base + j] for a body pair, normal mirrored)."""
-    i = grid.body_order[t]
-    pi_ = state.body_pos[i]
-    Ri = quat_to_mat(state.body_quat[i])
-    shape_i = model.body_shape[i]
-    ri = model.body_radius[i]
-    hi = model.body_half_extents[i]
-    if j < 0:
-        k = -1 - j
-        m = manifold_empty()
-        if shape_i == 0:
-            m = collide_sphere_plane(model, pi_, ri, k, margin)
-        else:
-            m = collide_box_plane(model, pi_, Ri, hi, k, margin)
-        for q in range(m.count):
-            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+def _emit(lists: ti.template(), base, contacts: ti.template(), i, j, m):
+    """Append manifold m's points to list base + i and, for a body pair (j >= 0), to base + j with the
+    normal mirrored so each copy pushes its owner (m.normal points from i towards j; for planes it is the
+    plane normal and pushes i)."""
+    for q in range(m.count):
+        point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+        if j < 0:
             lists.append(base + i, _record(point, m.normal, m.depth[q], j, m.feature[q]))
-            atomic_max_rare(contacts.max_depth, m.depth[q])
-    else:
-        pj = state.body_pos[j]
-        rj = model.body_radius[j]
-        shape_j = model.body_shape[j]
-        m = manifold_empty()
-        if shape_i == 0 and shape_j == 0:
-            m = collide_sphere_sphere(pi_, ri, pj, rj, margin)
-        elif shape_i == 1 and shape_j == 1:
-            m = collide_box_box(pi_, Ri, hi, pj, quat_to_mat(state.body_quat[j]), model.body_half_extents[j], margin)
-        elif shape_i == 0:
-            m = sphere_box_manifold(pi_, ri, pj, quat_to_mat(state.body_quat[j]), model.body_half_extents[j], margin,
-                                    True)
         else:
-            m = sphere_box_manifold(pj, rj, pi_, Ri, hi, margin, False)
-        # both bodies get every point; normals mirrored so each copy pushes its owner
-        for q in range(m.count):
-            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
             lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
             lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
-            atomic_max_rare(contacts.max_depth, m.depth[q])
+        atomic_max_rare(contacts.max_depth, m.depth[q])
+
+
+@ti.func
+def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls: ti.template()):
+    """Manifold of body i with body j (or plane -1 - j when j < 0), a pair of the static class cls (0:
+    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box; see app.broadphase)."""
+    pi_ = state.body_pos[i]
+    m = manifold_empty()
+    if ti.static(cls == 0):
+        ri = model.body_radius[i]
+        if j < 0:
+            m = collide_sphere_plane(model, pi_, ri, -1 - j, margin)
+        else:
+            m = collide_sphere_sphere(pi_, ri, state.body_pos[j], model.body_radius[j], margin)
+    elif ti.static(cls == 1):
+        if j < 0:
+            m = collide_box_plane(model, pi_, quat_to_mat(state.body_quat[i]), model.body_half_extents[i], -1 - j,
+                                  margin)
+        elif model.body_shape[i] == 0:
+            m = sphere_box_manifold(pi_, model.body_radius[i], state.body_pos[j], quat_to_mat(state.body_quat[j]),
+                                    model.body_half_extents[j], margin, True)
+        else:
+            m = sphere_box_manifold(state.body_pos[j], model.body_radius[j], pi_, quat_to_mat(state.body_quat[i]),
+                                    model.body_half_extents[i], margin, False)
+    else:
+        m = collide_box_box(pi_, quat_to_mat(state.body_quat[i]), model.body_half_extents[i], state.body_pos[j],
+                            quat_to_mat(state.body_quat[j]), model.body_half_extents[j], margin)
+    return m
+
+
+@ti.func
+def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
+                   base, contacts: ti.template(), margin, t, j, cls: ti.template()):
+    """Contact geometry of one candidate pair of the static class cls (body i = grid.body_order[t] with body
+    j, or plane -1 - j when j < 0), appended to lists[base + i] and, for a body pair, to lists[base + j]
+    with the normal mirrored so each copy pushes its owner (the manifold's normal points from i to j; a
+    plane's pushes i)."""
+    i = grid.body_order[t]
+    m = _pair_manifold(model, state, i, j, margin, cls)
+    for q in range(m.count):
+        point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+        if j < 0:
+            lists.append(base + i, _record(point, m.normal, m.depth[q], j, m.feature[q]))
+        else:
+            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
+            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
+        atomic_max_rare(contacts.max_depth, m.depth[q])
 
 
 @ti.kernel
@@ -436,24 +454,44 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
     grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
 
-    One thread per candidate pair, over the pairs VLA's flat slots (load-balanced, in Z-order within each
-    pair class, so a warp's threads mostly run the same collide_* function), then over
-    its pending appends (the pairs are not committed yet when both kernels run inside one vla.launch).
+    One loop per pair class, each a separate GPU kernel compiled for that class's geometry only: the
+    sphere loops then run with the registers of sphere code, not of box-box clipping (one loop with a
+    branch per class takes the register count, and so the occupancy, of its heaviest branch). Each loop is
+    one thread per candidate pair, load-balanced over the pairs VLA's flat slots: the inline slots of its
+    class's lists (one contiguous range, in Z-order), then the pool's slots, keeping those whose list is of
+    its class. Then one loop over the pending appends (the pairs are not committed yet when both kernels
+    run inside one vla.launch; usually none).
     Inputs: model (shapes, planes, contact_margin), state (poses), grid (body_order, pairs). Outputs: lists
     (contact storage), contacts.max_depth (atomic max). Emptying the lists first (a separate loop of the same
     launch) makes the kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
-    for i in range(model.body_count[None]):
+    n = model.body_count[None]
+    for i in range(n):
         lists.clear(base + i)
     margin = model.contact_margin[None]
-    for e in range(grid.pairs.flat_size()):
-        lst, _ = grid.pairs.flat_index(e)
-        if lst >= 0:
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, grid.pair_position(lst),
-                           grid.pairs.flat_value(e))
+    stride = grid.pair_stride
+    for c in ti.static(range(PAIR_CLASSES)):
+        inline_begin = grid.pairs.flat_inline_begin(grid.pair_list(c, 0))
+        inline_slots = grid.pairs.flat_inline_begin(n)
+        pool_begin = grid.pairs.flat_pool_begin()
+        for e in range(inline_slots + grid.pairs.flat_pool_size()):
+            s = inline_begin + e
+            if e >= inline_slots:
+                s = pool_begin + e - inline_slots
+            lst, _ = grid.pairs.flat_index(s)
+            if lst >= c * stride and lst < (c + 1) * stride:
+                _pair_contacts(model, state, grid, lists, base, contacts, margin, lst - c * stride,
+                               grid.pairs.flat_value(s), c)
     for o in range(grid.pairs.pending_size()):
         lst, _ = grid.pairs.pending_index(o)
-        _pair_contacts(model, state, grid, lists, base, contacts, margin, grid.pair_position(lst),
-                       grid.pairs.pending_value(o))
+        j = grid.pairs.pending_value(o)
+        t = grid.pair_position(lst)
+        c = lst // stride
+        if c == 0:
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, j, 0)
+        elif c == 1:
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, j, 1)
+        else:
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, j, 2)
 
 
 def find_contacts(model, state, grid, contacts):

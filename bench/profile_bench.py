@@ -1,12 +1,14 @@
 """Per-kernel device time of simulator steps: where a step's time goes, for each contact storage.
 
-    python run.py bench profile [--scene pile_1m] [--storages vla,padded] [--warmup 200] [--steps 20] [--arch ...]
+    python run.py bench profile [--scene pile_1m] [--storages vla,padded] [--orders z,scene] [--warmup 200]
+                                [--steps 20] [--arch ...]
 
 Runs Taichi with its kernel profiler (CUDA events per launch), simulates --warmup steps, then prints the
 profiler's per-kernel table for --steps steps and the wall time per step (which the profiler itself
 inflates a little). Wall time minus the kernels' total is the host's share: launches and syncs.
 """
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -21,6 +23,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--orders", default="z",
+                   help="comma list of body storage orders to profile: z (Z-order of the initial positions, the "
+                        "default) and/or scene (scene order, as before session 5)")
     p.add_argument("--host", action="store_true",
                    help="also profile the host side of the timed steps (cProfile, top functions by own time)")
     args = p.parse_args(argv)
@@ -38,8 +43,20 @@ def main(argv=None) -> int:
     from app.scene import load_scene
 
     arch = init_taichi(args.arch, kernel_profiler=True)
-    for storage, overrides in storages:
-        sim = get_simulation(load_scene(path, overrides), verbose=False)
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    for o in orders:
+        if o not in ("z", "scene"):
+            raise UserError(f"--orders: expected a comma list of z and scene, got {o!r}")
+    for order, (storage, overrides) in itertools.product(orders, storages):
+        scene = load_scene(path, overrides)
+        if order == "z":
+            sim = get_simulation(scene, verbose=False)
+        else:
+            import gc
+
+            from app.sim import Simulation
+            gc.collect()
+            sim = Simulation(scene, verbose=False, spatial_sort=False)
         for _ in range(args.warmup):
             sim.step()
         ti.sync()
@@ -58,7 +75,7 @@ def main(argv=None) -> int:
             import pstats
             prof.disable()
         device = ti.profiler.get_kernel_profiler_total_time() * 1e3 / args.steps
-        print(f"\n{args.scene} ({sim.body_count} bodies), contacts {storage}, arch {arch}: {wall:.2f} ms/step wall, "
+        print(f"\n{args.scene} ({sim.body_count} bodies, {order}-order), contacts {storage}, arch {arch}: {wall:.2f} ms/step wall, "
               f"{device:.2f} ms/step in kernels, {int(sim.contacts.contact_total[None])} contacts", flush=True)
         ti.profiler.print_kernel_profiler_info("count")
         if prof is not None:

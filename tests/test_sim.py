@@ -110,14 +110,16 @@ def test_contact_geometry_by_hand(sim):
     from app.narrowphase import find_contacts
     find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
     offsets, values = sim.contacts.lists.to_csr()
+    # lists and `other` use stored body indices (Z-order of the initial positions): map scene bodies 0, 1, 2
+    s0, s1, s2 = (int(sim.internal_of[k]) for k in range(3))
     base = sim.contacts.base
-    a = slice(offsets[base], offsets[base + 1])
+    a = slice(offsets[base + s0], offsets[base + s0 + 1])
     assert values["depth"][a].tolist() == pytest.approx([0.01], abs=1e-6)
     assert values["normal"][a][0] == pytest.approx([-1, 0, 0], abs=1e-6)  # pushes sphere 0 away from 1
-    assert values["other"][a].tolist() == [1]
-    b = slice(offsets[base + 1], offsets[base + 2])
-    assert values["normal"][b][0] == pytest.approx([1, 0, 0], abs=1e-6) and values["other"][b].tolist() == [0]
-    c = slice(offsets[base + 2], offsets[base + 3])
+    assert values["other"][a].tolist() == [s1]
+    b = slice(offsets[base + s1], offsets[base + s1 + 1])
+    assert values["normal"][b][0] == pytest.approx([1, 0, 0], abs=1e-6) and values["other"][b].tolist() == [s0]
+    c = slice(offsets[base + s2], offsets[base + s2 + 1])
     assert values["depth"][c].tolist() == pytest.approx([0.01] * 4, abs=1e-6), values["depth"][c]
     assert sorted(values["feature"][c].tolist()) == [0, 1, 4, 5]  # the 4 bottom corners (y bit clear)
     assert (values["other"][c] == -1).all()
@@ -267,6 +269,36 @@ def test_add_bodies_grows_capacity_without_loss(sim):
     assert np.allclose(p[:CAPACITY, 1], 0.1, atol=2e-3)
 
 
+def test_bodies_stored_in_z_order_read_back_in_scene_order(sim):
+    # Bodies listed in an order that scatters them in space are stored along a Z-order curve (spatial_order),
+    # yet every host accessor, and the body named in an error, speak scene order.
+    from app.sim import spatial_order
+
+    rng = np.random.default_rng(3)
+    lattice = np.stack(np.meshgrid(np.arange(5), np.arange(3), np.arange(4), indexing="ij"), -1).reshape(-1, 3)
+    pos = (lattice * 0.5 + [0.0, 1.0, 0.0])[rng.permutation(60)]  # 0.5 m apart: no contacts, shuffled
+    bodies = [{"shape": "sphere" if k % 2 else "box", "radius": 0.05 + 0.001 * k,
+               "half_extents": [0.05, 0.04 + 0.0005 * k, 0.05], "position": pos[k].tolist(),
+               "velocity": [0.01 * k, 0, 0], "material": "m"} for k in range(60)]
+    for b in bodies:
+        b.pop("half_extents" if b["shape"] == "sphere" else "radius")
+    sim.load(scene_from_dict({"name": "z", "sim": {"gravity": [0, 0, 0]}, "materials": {"m": {}}, "bodies": bodies}))
+    order = spatial_order(pos)
+    assert np.array_equal(sim.scene_of, order) and not np.array_equal(order, np.arange(60))
+    assert np.array_equal(sim.internal_of[sim.scene_of], np.arange(60))
+    stored = sim.state.body_pos.to_numpy()[:60]
+    assert np.allclose(stored, pos[order], atol=1e-6)  # really stored in Z-order
+    # Z-order: stored neighbours are closer than scene neighbours on average
+    assert np.linalg.norm(np.diff(stored, axis=0), axis=1).mean() < 0.6 * np.linalg.norm(np.diff(pos, axis=0), axis=1).mean()
+    assert np.allclose(sim.positions(), pos, atol=1e-6)
+    assert np.allclose(sim.velocities()[:, 0], 0.01 * np.arange(60), atol=1e-6)
+    sh = sim.shapes()
+    assert sh["shape"].tolist() == [0 if k % 2 else 1 for k in range(60)]  # odd: sphere (0), even: box (1)
+    assert np.allclose(sh["half_extents"][0::2, 1], 0.04 + 0.0005 * np.arange(0, 60, 2), atol=1e-7)
+    sim.step()
+    assert np.allclose(sim.positions(), pos + sim.dt * sim.velocities(), atol=1e-5)
+
+
 def test_grid_body_order_is_a_permutation_sorted_by_bucket(sim):
     # body_order is what the narrowphase and solver threads walk: every body exactly once, grouped by bucket
     # in bucket (Z-order) order, and each bucket's bodies are the ones whose cell maps to it.
@@ -283,7 +315,7 @@ def test_grid_body_order_is_a_permutation_sorted_by_bucket(sim):
     lengths = g.cells.lengths()
     assert np.array_equal(start, np.concatenate([[0], np.cumsum(lengths)]))
     # reference bucket: Morton code of (floor(p / cell) mod P) computed in numpy
-    pos = sim.positions()
+    pos = sim.state.body_pos.to_numpy()[:n]  # stored order, like body_order and body_bucket
     cell = np.floor(pos.astype(np.float32) / np.float32(sim.model.grid_cell_size[None])).astype(np.int64) & g.axis_mask
 
     def spread(x):
@@ -316,7 +348,9 @@ def test_candidate_pairs_match_brute_force(sim):
         for t in range(n):
             lst = c * g.pair_stride + t
             for j in vals[offsets[lst]:offsets[lst + 1]].tolist():
-                key = (c, int(order[t]), j)
+                # stored body indices -> scene order (the reference below works on scene-order arrays)
+                i = int(sim.scene_of[order[t]])
+                key = (c, i, j) if j < 0 else (c, min(i, int(sim.scene_of[j])), max(i, int(sim.scene_of[j])))
                 assert key not in got, f"pair {key} listed twice"
                 got.add(key)
     pos = sim.positions().astype(np.float64)

@@ -555,7 +555,24 @@ class VLA:
     @ti.func
     def flat_size(self):
         """Number of storage slots (inline + chunks handed out) that flat_index() maps."""
-        return self._n_inline + (self._scalars[2] << self._chunk_shift)
+        return self._n_inline + self.flat_pool_size()
+
+    @ti.func
+    def flat_inline_begin(self, i):
+        """Flat slot of list i's first inline element: list i's inline slots are flat_inline_begin(i) ..
+        flat_inline_begin(i) + inline_capacity - 1, so the inline slots of lists a..b-1 form one range
+        (a caller can walk a subset of lists, e.g. one class of them, without touching the others)."""
+        return i * self.inline_capacity
+
+    @ti.func
+    def flat_pool_begin(self):
+        """First flat slot of the pool tier (= num_arrays * inline_capacity)."""
+        return self._n_inline
+
+    @ti.func
+    def flat_pool_size(self):
+        """Number of pool slots handed out: flat slots flat_pool_begin() .. flat_pool_begin() + this - 1."""
+        return self._scalars[2] << self._chunk_shift
 
     @ti.func
     def flat_index(self, e):
