@@ -25,6 +25,9 @@ from vla.scan import exclusive_scan, scan_scratch_size
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
 # box-plane, 2 box-box (class = number of boxes in the pair).
 PAIR_CLASSES = 3
+# Classes whose pairs the narrowphase first packs densely (the costly geometry: box-sphere/box-plane and
+# box-box): walked through the pairs VLA's flat slots, their threads met empty slots and other classes' pairs.
+COMPACT_CLASSES = (1, 2)
 
 
 @ti.func
@@ -162,6 +165,26 @@ class Grid:
         self.pair_stride = n
         self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
                          name="candidate_pairs")
+        # The narrowphase packs the pairs of the classes in COMPACT_CLASSES densely, class by class in
+        # Z-order (see app.narrowphase.kernel_narrowphase): class_start[k][t] is the first entry of order
+        # position t's class-COMPACT_CLASSES[k] pairs in compact_pairs (an ndarray of (t, j), sized on the host).
+        self.class_start = [ti.field(ti.i32, n + 1) for _ in COMPACT_CLASSES]
+        self.compact_pairs = None
+
+    def compact_pairs_size(self, n: int) -> int:
+        """Entries the compacted-pair buffer needs before a narrowphase of n bodies: every readable
+        candidate pair of a compacted class sits in a distinct flat slot of grid.pairs (its lists' inline
+        slots or the pool), so this bound holds until the pairs VLA grows, which happens only at a commit."""
+        return len(COMPACT_CLASSES) * n * self.pairs.inline_capacity + \
+            (self.pairs.slot_capacity - self.pairs.num_arrays * self.pairs.inline_capacity)
+
+    def ensure_compact_pairs(self, n: int):
+        """(Re)allocate compact_pairs when it may be too small (an ndarray: kernels take its size at run
+        time, so this costs no recompilation). Room for 25% more than needed, so that it rarely happens."""
+        need = self.compact_pairs_size(n)
+        if self.compact_pairs is None or self.compact_pairs.shape[0] < need:
+            self.compact_pairs = ti.ndarray(ti.math.ivec2, shape=need + need // 4 + 16)
+        return self.compact_pairs
 
     @ti.func
     def pair_list(self, c, t):

@@ -124,6 +124,7 @@ class Model:
         self.grid_cell_size = ti.field(ti.f32, ())
         # host mirrors (numpy) of what was loaded, for accessors and growth
         self.host = {}
+        self.host_body_count = 0
 
     def fits(self, scene: Scene, extra_bodies: int = 0) -> bool:
         return (scene.body_count + extra_bodies <= self.body_capacity and len(scene.materials) <= self.material_capacity
@@ -217,6 +218,7 @@ class Model:
         self.body_inv_inertia.from_numpy(pad(h["inv_inertia"], np.float32))
         self.body_material.from_numpy(pad(h["material"], np.int32))
         self.body_count[None] = n_total
+        self.host_body_count = n_total  # host copy: reading body_count[None] would sync the device
         self.grid_cell_size[None] = float(2.0 * h["radius"][:n_total].max() * 1.02 + 2 * self.contact_margin[None] + 1e-6)
         smallest = float(np.where(h["shape"] == SHAPE_SPHERE, h["radius"], h["half_extents"].min(axis=1)).min())
         self.host["smallest_extent"] = smallest

@@ -20,7 +20,8 @@ import taichi as ti
 from vla import launch
 
 from app.atomics import atomic_max_rare
-from app.broadphase import PAIR_CLASSES, kernel_candidate_pairs
+from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
+from vla.scan import exclusive_scan
 from app.contacts import ContactRecord
 from app.math3d import quat_to_mat, sign_nz
 
@@ -448,39 +449,71 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
         atomic_max_rare(contacts.max_depth, m.depth[q])
 
 
+def _readable_pairs_of_class(c):
+    @ti.func
+    def count(grid: ti.template(), t):
+        """Class-c candidate pairs of order position t readable before the commit (the rest are pending)."""
+        lst = grid.pair_list(c, t)
+        return ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))
+    return count
+
+
+_READABLE_PAIRS = {c: _readable_pairs_of_class(c) for c in COMPACT_CLASSES}
+
+
 @ti.kernel
 def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                       base: ti.i32, contacts: ti.template()):
+                       base: ti.i32, contacts: ti.template(), compact: ti.types.ndarray(dtype=ti.math.ivec2, ndim=1)):
     """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
     grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
 
-    One loop per pair class, each a separate GPU kernel compiled for that class's geometry only: the
-    sphere loops then run with the registers of sphere code, not of box-box clipping (one loop with a
-    branch per class takes the register count, and so the occupancy, of its heaviest branch). Each loop is
-    one thread per candidate pair, load-balanced over the pairs VLA's flat slots: the inline slots of its
-    class's lists (one contiguous range, in Z-order), then the pool's slots, keeping those whose list is of
-    its class. Then one loop over the pending appends (the pairs are not committed yet when both kernels
-    run inside one vla.launch; usually none).
+    One thread per candidate pair, in one loop per pair class: each loop is a GPU kernel of its own,
+    compiled for its class's geometry only (one loop with a branch per class takes the registers, and so
+    the occupancy, of its heaviest branch). Class 0 (spheres) walks the pairs VLA's flat slots: the inline
+    slots of its lists (one range, in Z-order), then the pool's, keeping its own. The costly classes
+    (COMPACT_CLASSES: box-sphere/box-plane, box-box) are first packed densely into `compact`, (t, j) per
+    pair, class by class in Z-order (a prefix sum over order positions gives each position its run): walked
+    through the flat slots, their threads met empty slots and other classes' pairs (measured on the H200:
+    5 of 32 lanes of a warp active in the box-box loop). Then one loop over the pending appends (pairs
+    that overflowed their lists; the pairs are not committed yet when both kernels run inside one
+    vla.launch), usually none.
     Inputs: model (shapes, planes, contact_margin), state (poses), grid (body_order, pairs). Outputs: lists
-    (contact storage), contacts.max_depth (atomic max). Emptying the lists first (a separate loop of the same
-    launch) makes the kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
+    (contact storage), contacts.max_depth (atomic max). compact: scratch of grid.compact_pairs_size(n)
+    entries. Emptying the lists first (a separate loop of the same launch) makes the kernel safe to re-run
+    as a whole, which vla.launch(..., rollback=False) relies on."""
     n = model.body_count[None]
     for i in range(n):
         lists.clear(base + i)
     margin = model.contact_margin[None]
     stride = grid.pair_stride
-    for c in ti.static(range(PAIR_CLASSES)):
-        inline_begin = grid.pairs.flat_inline_begin(grid.pair_list(c, 0))
-        inline_slots = grid.pairs.flat_inline_begin(n)
-        pool_begin = grid.pairs.flat_pool_begin()
-        for e in range(inline_slots + grid.pairs.flat_pool_size()):
-            s = inline_begin + e
-            if e >= inline_slots:
-                s = pool_begin + e - inline_slots
-            lst, _ = grid.pairs.flat_index(s)
-            if lst >= c * stride and lst < (c + 1) * stride:
-                _pair_contacts(model, state, grid, lists, base, contacts, margin, lst - c * stride,
-                               grid.pairs.flat_value(s), c)
+    # class 0: the flat slots of its lists
+    inline_begin = grid.pairs.flat_inline_begin(grid.pair_list(0, 0))
+    inline_slots = grid.pairs.flat_inline_begin(n)
+    pool_begin = grid.pairs.flat_pool_begin()
+    for e in range(inline_slots + grid.pairs.flat_pool_size()):
+        s = inline_begin + e
+        if e >= inline_slots:
+            s = pool_begin + e - inline_slots
+        lst, _ = grid.pairs.flat_index(s)
+        if lst >= 0 and lst < stride:
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, lst, grid.pairs.flat_value(s), 0)
+    # the other classes: pack, then one dense loop each
+    for k in ti.static(range(len(COMPACT_CLASSES))):
+        exclusive_scan(grid, _READABLE_PAIRS[COMPACT_CLASSES[k]], n, grid.scan_scratch, grid.class_start[k])
+    for t in range(n):
+        offset = 0
+        for k in ti.static(range(len(COMPACT_CLASSES))):
+            lst = grid.pair_list(COMPACT_CLASSES[k], t)
+            first = offset + grid.class_start[k][t]
+            for q in range(ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))):
+                compact[first + q] = ti.Vector([t, grid.pairs.get(lst, q)])
+            offset += grid.class_start[k][n]
+    offset = 0
+    for k in ti.static(range(len(COMPACT_CLASSES))):
+        for e in range(grid.class_start[k][n]):
+            tj = compact[offset + e]
+            _pair_contacts(model, state, grid, lists, base, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
+        offset += grid.class_start[k][n]
     for o in range(grid.pairs.pending_size()):
         lst, _ = grid.pairs.pending_index(o)
         j = grid.pairs.pending_value(o)
@@ -502,7 +535,9 @@ def find_contacts(model, state, grid, contacts):
     needs no roll back. Padded and dynamic contact storages are not VLAs: only the pairs are committed."""
     def both():
         kernel_candidate_pairs(model, state, grid)
-        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts)
+        # sized here, not once per step: a re-run follows a commit that may have grown the pairs' pool
+        compact = grid.ensure_compact_pairs(model.host_body_count)
+        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts, compact)
 
     vlas = [grid.pairs] + ([contacts.lists] if contacts.kind == "vla" else [])
     launch(both, vlas=vlas, rollback=False)

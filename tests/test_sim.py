@@ -327,6 +327,41 @@ def test_grid_body_order_is_a_permutation_sorted_by_bucket(sim):
     assert np.array_equal(bucket, ref)
 
 
+def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
+    # The narrowphase reads the candidate pairs before their commit: those within their lists' room through
+    # the class-0 flat walk and the compacted classes 1-2, the rest from the overflow area (pending). With
+    # the pairs VLA emptied and trimmed, every pair beyond a list's 2 inline slots is pending: the contacts
+    # must be the same set as with room for all.
+    from app.narrowphase import find_contacts
+
+    pile = _small_pile("vla")
+    sim.load(scene_from_dict({**pile.raw, "bodies": [{**pile.raw["bodies"][0], "count": 110, "max": [0.55, 3.0, 0.55]}]}))
+    for _ in range(400):  # landed, three layers deep: lists of every class beyond their 2 inline slots
+        sim.step()
+
+    def contact_set():
+        sim.contacts.begin_step(sim.body_count)
+        sim.grid.build(sim.model, sim.state)
+        find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+        offsets, values = sim.contacts.lists.to_csr()
+        base = sim.contacts.base
+        out = set()
+        for i in range(sim.body_count):
+            for r in range(offsets[base + i], offsets[base + i + 1]):
+                out.add((i, int(values["other"][r]), int(values["feature"][r]), round(float(values["depth"][r]), 6)))
+        return out
+
+    roomy = contact_set()
+    sim.contacts.flip()  # back to the same generation, so both runs fill the same lists
+    sim.grid.pairs.clear_all()
+    sim.grid.pairs.trim()
+    assert sim.grid.pairs.stats()["pool_chunks_used"] == 0
+    tight = contact_set()
+    per_class = sim.grid.pairs.lengths().reshape(3, -1)
+    assert all((per_class[c] > 2).any() for c in range(3))  # every class had pending pairs (beyond 2 inline)
+    assert len(roomy) > sim.body_count and tight == roomy
+
+
 def test_candidate_pairs_match_brute_force(sim):
     # grid.pairs against an O(n^2) numpy reference: every pair j > i whose bounding spheres come within the
     # contact margin, exactly once, in the list of its class (number of boxes) at i's order position; and

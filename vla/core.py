@@ -558,6 +558,13 @@ class VLA:
         return self._n_inline + self.flat_pool_size()
 
     @ti.func
+    def capacity(self, i):
+        """Elements list i holds in its own storage (inline + its chunks). Appends at index >= capacity(i)
+        wait in the overflow area until commit() (pending_*); below it, get(i, k) is valid even before a
+        commit, which lets a kernel read what an earlier kernel of the same vla.launch appended."""
+        return self.inline_capacity + (self.table_chunks[i] << self._chunk_shift)
+
+    @ti.func
     def flat_inline_begin(self, i):
         """Flat slot of list i's first inline element: list i's inline slots are flat_inline_begin(i) ..
         flat_inline_begin(i) + inline_capacity - 1, so the inline slots of lists a..b-1 form one range
@@ -803,6 +810,12 @@ class VLA:
             raise ValueError(f"VLA {self.name!r}.reserve: need {self.num_arrays} non-negative lengths, "
                              f"got shape {lengths.shape}")
         self._reserve_for(lengths.astype(np.int32))
+
+    @property
+    def slot_capacity(self) -> int:
+        """Flat slots the storage holds now (inline tier + every pool chunk, handed out or not): an upper
+        bound of flat_size() until the next commit, known on the host without a device read."""
+        return self._n_inline + self._caps["pool_chunks"] * self.chunk_size
 
     def stats(self) -> dict:
         """Live and reserved sizes. Reserved bytes count element storage and all metadata."""
