@@ -67,6 +67,71 @@ def _key_less_at(lists: ti.template(), li, a, other_b, feature_b):
     return _key_less(lists.get_member(li, a, "other"), lists.get_member(li, a, "feature"), other_b, feature_b)
 
 
+# Lists up to this long are sorted by rank (keys in local memory, every record moved at most once); longer
+# ones by insertion sort in place.
+SORT_RANK_MAX = 32
+
+
+@ti.func
+def _sort_key(lists: ti.template(), li, a):
+    """Sort key of record a of list li as one i64: other body * 256 + feature (features are < 256, see
+    app.narrowphase.FEATURE_STRIDE; planes' negative `other` keeps its order), loaded member by member."""
+    return ti.cast(lists.get_member(li, a, "other"), ti.i64) * 256 + ti.cast(lists.get_member(li, a, "feature"), ti.i64)
+
+
+@ti.func
+def _sort_by_rank(lists: ti.template(), li, n):
+    """Sort records 0..n-1 (n <= SORT_RANK_MAX) of list li by _sort_key: each record's rank (how many keys
+    are smaller; equal keys keep their order) from the keys alone, then the permutation applied cycle by
+    cycle, so a record moves at most once (insertion sort moves ~n^2/4 of them: 60 bytes read and written
+    each, what dominated kernel_prepare)."""
+    key = ti.Vector.zero(ti.i64, SORT_RANK_MAX)
+    rank = ti.Vector.zero(ti.i32, SORT_RANK_MAX)
+    for a in range(n):
+        key[a] = _sort_key(lists, li, a)
+    for a in range(n):
+        r = 0
+        ka = key[a]
+        for b in range(n):
+            if key[b] < ka or (key[b] == ka and b < a):
+                r += 1
+        rank[a] = r
+    for s in range(n):
+        if rank[s] != s:
+            # element s goes to rank[s]; the one there goes to its own rank, ... until the cycle closes
+            carry = lists.get(li, s)
+            tgt = rank[s]
+            while tgt != s:
+                displaced = lists.get(li, tgt)
+                nxt = rank[tgt]
+                lists.set(li, tgt, carry)
+                rank[tgt] = tgt
+                carry = displaced
+                tgt = nxt
+            lists.set(li, s, carry)
+            rank[s] = s
+
+
+@ti.func
+def _insertion_sort(lists: ti.template(), li, n):
+    """Sort records 0..n-1 of list li by (other, feature) in place (keys compared member by member; whole
+    records move only when one is out of place)."""
+    for a in range(1, n):
+        o_a = lists.get_member(li, a, "other")
+        f_a = lists.get_member(li, a, "feature")
+        b = a - 1
+        # (a break, not `b >= 0 and ...`: Taichi evaluates both operands, which would read element -1)
+        while b >= 0:
+            if not _key_less(o_a, f_a, lists.get_member(li, b, "other"), lists.get_member(li, b, "feature")):
+                break
+            b -= 1
+        if b + 1 < a:
+            rec = lists.get(li, a)
+            for c in range(a - b - 1):
+                lists.set(li, a - c, lists.get(li, a - c - 1))
+            lists.set(li, b + 1, rec)
+
+
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
                    prev_base: ti.i32, solver: ti.template(), contacts: ti.template(), order: ti.template(),
@@ -92,23 +157,13 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         i = order[t]
         li = base + i
         n = lists.length(li)
-        # insertion sort: lists are short, and a fixed order makes the float sums (and therefore the motion)
-        # independent of the order in which parallel threads appended
-        # (keys compared member by member; whole records move only when one is out of place)
-        for a in range(1, n):
-            o_a = lists.get_member(li, a, "other")
-            f_a = lists.get_member(li, a, "feature")
-            b = a - 1
-            # (a break, not `b >= 0 and ...`: Taichi evaluates both operands, which would read element -1)
-            while b >= 0:
-                if not _key_less(o_a, f_a, lists.get_member(li, b, "other"), lists.get_member(li, b, "feature")):
-                    break
-                b -= 1
-            if b + 1 < a:
-                rec = lists.get(li, a)
-                for c in range(a - b - 1):
-                    lists.set(li, a - c, lists.get(li, a - c - 1))
-                lists.set(li, b + 1, rec)
+        # Sort the list by key (other body, feature): a fixed order makes the float sums (and therefore the
+        # motion) independent of the order in which parallel threads appended, and lets the warm start
+        # merge-walk last step's list.
+        if n <= SORT_RANK_MAX:
+            _sort_by_rank(lists, li, n)
+        else:
+            _insertion_sort(lists, li, n)
         inv_m = model.body_inv_mass[i]
         Iw = solver.body[i].inv_inertia
         xi = state.body_pos[i]

@@ -362,6 +362,46 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     assert len(roomy) > sim.body_count and tight == roomy
 
 
+def test_prepare_sorts_contact_lists_by_key(sim):
+    # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, both paths (by
+    # rank up to SORT_RANK_MAX records, insertion sort beyond): sorted by key, stable, whole records moved.
+    from app.solver import SORT_RANK_MAX, _insertion_sort, _sort_by_rank
+
+    @ti.kernel
+    def sort_lists(lists: ti.template(), count: ti.i32):
+        for li in range(count):
+            n = lists.length(li)
+            if n <= SORT_RANK_MAX:
+                _sort_by_rank(lists, li, n)
+            else:
+                _insertion_sort(lists, li, n)
+
+    sim.load(_small_pile("vla"))
+    lists = sim.contacts.lists
+    rng = np.random.default_rng(11)
+    lengths = np.zeros(lists.num_arrays, np.int64)
+    lengths[:9] = [0, 1, 2, 5, 13, 31, 32, 33, 70]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    total = int(offsets[-1])
+    other = rng.integers(-3, 12, total).astype(np.int32)  # few bodies: many equal keys
+    feature = rng.integers(0, 4, total).astype(np.int32) * 57
+    values = {"point": rng.normal(size=(total, 3)).astype(np.float32), "normal": rng.normal(size=(total, 3)).astype(np.float32),
+              "depth": np.arange(total, dtype=np.float32), "other": other, "feature": feature,
+              "impulse_n": rng.normal(size=total).astype(np.float32),
+              "impulse_t": rng.normal(size=(total, 3)).astype(np.float32),
+              "impulse_p": rng.normal(size=total).astype(np.float32), "bias": rng.normal(size=total).astype(np.float32)}
+    lists.from_csr(offsets, values)
+    sort_lists(lists, 9)
+    got_off, got = lists.to_csr()
+    assert np.array_equal(got_off, offsets)
+    for i in range(9):
+        a, b = offsets[i], offsets[i + 1]
+        perm = np.lexsort((np.arange(b - a), feature[a:b], other[a:b]))  # by other, feature, then original index
+        for name, arr in values.items():
+            assert np.array_equal(got[name][a:b], arr[a:b][perm]), (i, name)
+    sim.load(_small_pile("vla"))
+
+
 def test_candidate_pairs_match_brute_force(sim):
     # grid.pairs against an O(n^2) numpy reference: every pair j > i whose bounding spheres come within the
     # contact margin, exactly once, in the list of its class (number of boxes) at i's order position; and
