@@ -30,7 +30,6 @@ import taichi as ti
 
 from app.integrator import kernel_integrate
 from app.math3d import world_inv_inertia
-from vla.scan import exclusive_scan, scan_scratch_size
 
 vec3 = ti.types.vector(3, ti.f32)
 mat3 = ti.types.matrix(3, 3, ti.f32)
@@ -68,47 +67,55 @@ def _key_less_at(lists: ti.template(), li, a, other_b, feature_b):
     return _key_less(lists.get_member(li, a, "other"), lists.get_member(li, a, "feature"), other_b, feature_b)
 
 
-# The solver's thread order: grid.body_order (Z-order) cut into blocks of ORDER_BLOCK positions, and within
-# each block the bodies grouped by contact count (capped at ORDER_COUNTS - 1). A warp walks its bodies' lists
-# in lockstep, so it lasts as long as its longest list: in Z-order alone, 46% of its lanes did useful work in a
-# landed pile (spheres ~5 contacts, boxes ~10, side by side); grouped by count, ~99% (measured on the CPU on
-# the small pile_1m, bench: see docs/benchmarks.md). Blocks keep the gathers local: a warp's bodies and
-# their neighbours still come from one small region.
-ORDER_BLOCK = 1024
-ORDER_COUNTS = 64
+# Lists up to this long are sorted by rank (keys in local memory, every record moved at most once); longer
+# ones by insertion sort in place.
+SORT_RANK_MAX = 32
 
 
 @ti.func
-def _order_key_count(solver: ti.template(), key):
-    return solver.order_key_count[key]
+def _sort_key(lists: ti.template(), li, a):
+    """Sort key of record a of list li as one i64: other body * 256 + feature (features are < 256, see
+    app.narrowphase.FEATURE_STRIDE; planes' negative `other` keeps its order), loaded member by member."""
+    return ti.cast(lists.get_member(li, a, "other"), ti.i64) * 256 + ti.cast(lists.get_member(li, a, "feature"), ti.i64)
 
 
-@ti.kernel
-def kernel_solver_order(model: ti.template(), lists: ti.template(), base: ti.i32, order: ti.template(),
-                        solver: ti.template()):
-    """solver.order: the bodies of `order` (every body once, Z-order) regrouped by contact count within blocks
-    of ORDER_BLOCK positions (a counting sort on key = block * ORDER_COUNTS + min(count, ORDER_COUNTS - 1)).
-    Reads lists[base + body] lengths; writes solver.order, solver.order_slot, solver.order_key_count/start."""
-    n = model.body_count[None]
-    n_keys = ((n + ORDER_BLOCK - 1) // ORDER_BLOCK) * ORDER_COUNTS
-    for k in range(n_keys):
-        solver.order_key_count[k] = 0
-    for t in range(n):
-        key = (t // ORDER_BLOCK) * ORDER_COUNTS + ti.min(lists.length(base + order[t]), ORDER_COUNTS - 1)
-        solver.order_slot[t] = ti.atomic_add(solver.order_key_count[key], 1)
-    exclusive_scan(solver, _order_key_count, n_keys, solver.order_scan_scratch, solver.order_key_start)
-    for t in range(n):
-        i = order[t]
-        key = (t // ORDER_BLOCK) * ORDER_COUNTS + ti.min(lists.length(base + i), ORDER_COUNTS - 1)
-        solver.order[solver.order_key_start[key] + solver.order_slot[t]] = i
+@ti.func
+def _sort_by_rank(lists: ti.template(), li, n):
+    """Sort records 0..n-1 (n <= SORT_RANK_MAX) of list li by _sort_key: each record's rank (how many keys
+    are smaller; equal keys keep their order) from the keys alone, then the permutation applied cycle by
+    cycle, so a record moves at most once (insertion sort moves ~n^2/4 of them: 60 bytes read and written
+    each, what dominated kernel_prepare)."""
+    key = ti.Vector.zero(ti.i64, SORT_RANK_MAX)
+    rank = ti.Vector.zero(ti.i32, SORT_RANK_MAX)
+    for a in range(n):
+        key[a] = _sort_key(lists, li, a)
+    for a in range(n):
+        r = 0
+        ka = key[a]
+        for b in range(n):
+            if key[b] < ka or (key[b] == ka and b < a):
+                r += 1
+        rank[a] = r
+    for s in range(n):
+        if rank[s] != s:
+            # element s goes to rank[s]; the one there goes to its own rank, ... until the cycle closes
+            carry = lists.get(li, s)
+            tgt = rank[s]
+            while tgt != s:
+                displaced = lists.get(li, tgt)
+                nxt = rank[tgt]
+                lists.set(li, tgt, carry)
+                rank[tgt] = tgt
+                carry = displaced
+                tgt = nxt
+            lists.set(li, s, carry)
+            rank[s] = s
 
 
 @ti.func
 def _insertion_sort(lists: ti.template(), li, n):
     """Sort records 0..n-1 of list li by (other, feature) in place (keys compared member by member; whole
-    records move only when one is out of place). Measured against a sort by rank (keys and ranks in local
-    memory, each record moved at most once): kernel_prepare 4.25 ms with this, 6.52 ms with that (H200,
-    landed pile_1m, ~10 records per list); the local arrays cost more than the moves they save."""
+    records move only when one is out of place)."""
     for a in range(1, n):
         o_a = lists.get_member(li, a, "other")
         f_a = lists.get_member(li, a, "feature")
@@ -153,7 +160,10 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         # Sort the list by key (other body, feature): a fixed order makes the float sums (and therefore the
         # motion) independent of the order in which parallel threads appended, and lets the warm start
         # merge-walk last step's list.
-        _insertion_sort(lists, li, n)
+        if n <= SORT_RANK_MAX:
+            _sort_by_rank(lists, li, n)
+        else:
+            _insertion_sort(lists, li, n)
         inv_m = model.body_inv_mass[i]
         Iw = solver.body[i].inv_inertia
         xi = state.body_pos[i]
@@ -329,29 +339,20 @@ class JacobiSolver:
         n = model.body_capacity
         self.motion = Motion.field(shape=(2, n))
         self.body = SolverBody.field(shape=n)
-        # thread order of prepare and the iterations (kernel_solver_order)
-        n_keys = ((n + ORDER_BLOCK - 1) // ORDER_BLOCK) * ORDER_COUNTS
-        self.order = ti.field(ti.i32, n)
-        self.order_slot = ti.field(ti.i32, n)
-        self.order_key_count = ti.field(ti.i32, n_keys)
-        self.order_key_start = ti.field(ti.i32, n_keys + 1)
-        self.order_scan_scratch = ti.field(ti.i32, scan_scratch_size(n_keys))
 
     def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate
         state_in -> state_out. state_in may be state_out: integration reads and writes only each body's
         own slots.
 
-        order: i32 field holding every body index once (app.broadphase.Grid.body_order: sorted by grid cell,
-        so a warp gathers neighbours that share contacts: the other body's velocity is then mostly in
-        cache); threads take the bodies in that order regrouped by contact count within blocks
-        (kernel_solver_order). Any permutation gives the same result: each thread writes only its own
-        body, from the previous iteration's buffers."""
-        kernel_solver_order(self.model, contacts.lists, contacts.base, order, self)
+        order: i32 field holding every body index once, in the order threads take them (app.broadphase.Grid
+        .body_order: sorted by grid cell, so a warp gathers neighbours that share contacts: the other body's
+        velocity is then mostly in cache). Any permutation gives the same result: each thread writes only
+        its own body, from the previous iteration's buffers."""
         kernel_prepare(self.model, state_in, contacts.lists, contacts.base, contacts.prev_base, self, contacts,
-                       self.order, dt)
+                       order, dt)
         src = 0
         for _ in range(self.iterations):
-            kernel_solve_iteration(self.model, contacts.lists, contacts.base, self, self.order, src, dt)
+            kernel_solve_iteration(self.model, contacts.lists, contacts.base, self, order, src, dt)
             src = 1 - src
         kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health)

@@ -363,14 +363,18 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
 
 
 def test_prepare_sorts_contact_lists_by_key(sim):
-    # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, short and long
-    # (inline and pool records): sorted by key, stable, whole records moved.
-    from app.solver import _insertion_sort
+    # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, both paths (by
+    # rank up to SORT_RANK_MAX records, insertion sort beyond): sorted by key, stable, whole records moved.
+    from app.solver import SORT_RANK_MAX, _insertion_sort, _sort_by_rank
 
     @ti.kernel
     def sort_lists(lists: ti.template(), count: ti.i32):
         for li in range(count):
-            _insertion_sort(lists, li, lists.length(li))
+            n = lists.length(li)
+            if n <= SORT_RANK_MAX:
+                _sort_by_rank(lists, li, n)
+            else:
+                _insertion_sort(lists, li, n)
 
     sim.load(_small_pile("vla"))
     lists = sim.contacts.lists
@@ -396,26 +400,6 @@ def test_prepare_sorts_contact_lists_by_key(sim):
         for name, arr in values.items():
             assert np.array_equal(got[name][a:b], arr[a:b][perm]), (i, name)
     sim.load(_small_pile("vla"))
-
-
-def test_solver_order_groups_bodies_by_contact_count_within_blocks(sim):
-    # kernel_solver_order: a permutation of grid.body_order that keeps each block of ORDER_BLOCK positions
-    # (locality) and sorts the block by capped contact count (warps of equal list lengths).
-    from app.solver import ORDER_BLOCK, ORDER_COUNTS
-
-    sim.load(_small_pile("vla"))
-    for _ in range(300):
-        sim.step()
-    n = sim.body_count
-    order = sim.solver.order.to_numpy()[:n]
-    body_order = sim.grid.body_order.to_numpy()[:n]
-    counts = np.minimum(sim.contacts.lengths(n), ORDER_COUNTS - 1)  # the lists the last step solved
-    assert sorted(order.tolist()) == list(range(n))
-    for b in range(0, n, ORDER_BLOCK):
-        blk = order[b:b + ORDER_BLOCK]
-        assert set(blk.tolist()) == set(body_order[b:b + ORDER_BLOCK].tolist())
-        assert np.all(np.diff(counts[blk]) >= 0)
-    assert len(set(counts.tolist())) > 3  # a real mix of list lengths was regrouped
 
 
 def test_candidate_pairs_match_brute_force(sim):
