@@ -363,18 +363,14 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
 
 
 def test_prepare_sorts_contact_lists_by_key(sim):
-    # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, both paths (by
-    # rank up to SORT_RANK_MAX records, insertion sort beyond): sorted by key, stable, whole records moved.
-    from app.solver import SORT_RANK_MAX, _insertion_sort, _sort_by_rank
+    # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, short and long
+    # (inline and pool records): sorted by key, stable, whole records moved.
+    from app.solver import _insertion_sort
 
     @ti.kernel
     def sort_lists(lists: ti.template(), count: ti.i32):
         for li in range(count):
-            n = lists.length(li)
-            if n <= SORT_RANK_MAX:
-                _sort_by_rank(lists, li, n)
-            else:
-                _insertion_sort(lists, li, n)
+            _insertion_sort(lists, li, lists.length(li))
 
     sim.load(_small_pile("vla"))
     lists = sim.contacts.lists
