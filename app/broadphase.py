@@ -83,9 +83,10 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
 
 @ti.kernel
 def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
-    """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists the bodies j > i
-    whose bounding spheres come within the contact margin of body i = grid.body_order[t], and -1 - k for
-    each plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
+    """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists bodies j whose
+    bounding spheres come within the contact margin of body i = grid.body_order[t], each pair once (in the
+    list of whichever body finds it, see the half-neighbourhood below; j may be < i), and -1 - k for each
+    plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
 
     A cheap, uniform pass: finding candidates and computing contact geometry are separate kernels because
     in one thread per body the warp's 32 threads meet their heavy box-box pairs at different loop
@@ -112,12 +113,15 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                 if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -margin:
                     grid.pairs.append(grid.pair_list(shape_i, t), -1 - k)
         c = grid_cell_of(pi_, cs)
-        for nb in range(27):
-            # 27 distinct buckets (the grid's period is >= 4 cells per axis): no duplicate visits
+        # Half the neighbourhood: the own cell (pairs j > i) and the 13 cells whose offset (dz, dy, dx) is
+        # lexicographically positive (all their bodies). A pair in two different cells is seen from exactly
+        # one of them, the one whose positive half holds the other's cell: half the cells and distance tests
+        # of visiting all 27 with j > i. (The 27 buckets are distinct: the grid's period is >= 4 cells.)
+        for nb in range(13, 27):
             h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
             for s in range(grid.cells.length(h)):
                 j = grid.cells.get(h, s)
-                if j > i and not (fixed_i and model.body_inv_mass[j] == 0.0):
+                if (nb > 13 or j > i) and not (fixed_i and model.body_inv_mass[j] == 0.0):
                     if (state.body_pos[j] - pi_).norm() <= ri + model.body_radius[j] + margin:
                         grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
 

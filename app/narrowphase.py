@@ -1,8 +1,8 @@
 """Narrowphase: exact contact geometry for every candidate pair, appended to both bodies' lists.
 
 The broadphase's candidate-pair pass (app.broadphase.kernel_candidate_pairs) lists, per body i, the
-planes within reach and the bodies j > i whose bounding spheres come within the margin (so each pair is
-tested once). Here one thread per candidate pair computes the manifold and appends each contact point
+planes within reach and the bodies j whose bounding spheres come within the margin, each pair in one of
+the two bodies' lists (so each pair is tested once). Here one thread per candidate pair computes the manifold and appends each contact point
 to list i *and* list j, with mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane,
 sphere-box, box-plane and box-box (separating-axis test over the 15 axes, then Sutherland-Hodgman clipping of the incident face
 against the reference face: a manifold of up to 4 points; edge-edge gives one point).
@@ -433,11 +433,18 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
 @ti.func
 def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
                    base, contacts: ti.template(), margin, t, j, cls: ti.template()):
-    """Contact geometry of one candidate pair of the static class cls (body i = grid.body_order[t] with body
-    j, or plane -1 - j when j < 0), appended to lists[base + i] and, for a body pair, to lists[base + j]
-    with the normal mirrored so each copy pushes its owner (the manifold's normal points from i to j; a
-    plane's pushes i)."""
-    i = grid.body_order[t]
+    """Contact geometry of one candidate pair of the static class cls (body grid.body_order[t] with body j,
+    or with plane -1 - j when j < 0), appended to both bodies' lists (lists[base + body]) with the normal
+    mirrored so each copy pushes its owner (the manifold's normal points from the lower-index body to the
+    other; a plane's pushes the body)."""
+    # A body pair is computed lower index first, whichever of the two lists holds it (the broadphase's half
+    # neighbourhood hands it to either): box-box feature ids name the lower-index body's faces, and warm
+    # starting matches them from step to step.
+    owner = grid.body_order[t]
+    i = owner
+    if j >= 0 and j < owner:
+        i = j
+        j = owner
     m = _pair_manifold(model, state, i, j, margin, cls)
     for q in range(m.count):
         point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])

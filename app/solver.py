@@ -32,14 +32,30 @@ from app.integrator import kernel_integrate
 from app.math3d import world_inv_inertia
 
 vec3 = ti.types.vector(3, ti.f32)
-mat3 = ti.types.matrix(3, 3, ti.f32)
 
 # What a contact needs of the body at its other end, gathered once per contact per iteration: packed in one
-# record (60 bytes: 2-3 memory sectors) instead of six fields (pos, inverse mass, inertia, list length,
-# material -> friction: a sector each). Filled by kernel_prepare.
-#   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia: world-frame inverse inertia 1/(kg m^2) at the start of
-#   the step; split: contacts in the body's list (mass-splitting factor); friction: the body material's mu.
-SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia=mat3, split=ti.f32, friction=ti.f32)
+# record (48 bytes) instead of six fields (pos, inverse mass, inertia, list length, material -> friction: a
+# memory sector each). Filled by kernel_prepare.
+#   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia_d, inv_inertia_o: the world-frame inverse inertia
+#   R diag(I^-1) R^T (1/(kg m^2)) at the start of the step, symmetric, so 6 numbers (diagonal xx, yy, zz and
+#   off-diagonal xy, xz, yz; see sym_mul) instead of 9; split: contacts in the body's list (mass-splitting
+#   factor); friction: the body material's mu.
+SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia_d=vec3, inv_inertia_o=vec3, split=ti.f32,
+                             friction=ti.f32)
+
+
+@ti.func
+def sym_pack(M):
+    """(diagonal, off-diagonal xy xz yz) of a symmetric 3x3 matrix."""
+    return vec3(M[0, 0], M[1, 1], M[2, 2]), vec3(M[0, 1], M[0, 2], M[1, 2])
+
+
+@ti.func
+def sym_mul(d, o, x):
+    """S @ x for the symmetric S packed as (d, o) by sym_pack."""
+    return vec3(d[0] * x[0] + o[0] * x[1] + o[1] * x[2],
+                o[0] * x[0] + d[1] * x[1] + o[2] * x[2],
+                o[1] * x[0] + o[2] * x[1] + d[2] * x[2])
 # Velocity and split-impulse pseudo velocity of a body (m/s, rad/s), one 48-byte record per body and buffer.
 Motion = ti.types.struct(v=vec3, w=vec3, pv=vec3, pw=vec3)
 
@@ -106,9 +122,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     n_bodies = model.body_count[None]
     contacts.contact_total[None] = 0
     for i in range(n_bodies):
-        solver.body[i] = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i],
-                                    inv_inertia=world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]),
-                                    split=ti.cast(lists.length(base + i), ti.f32),
+        d, o = sym_pack(world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]))
+        solver.body[i] = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i], inv_inertia_d=d,
+                                    inv_inertia_o=o, split=ti.cast(lists.length(base + i), ti.f32),
                                     friction=model.material_friction[model.body_material[i]])
     for t in range(n_bodies):
         i = order[t]
@@ -118,9 +134,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         # motion) independent of the order in which parallel threads appended, and lets the warm start
         # merge-walk last step's list.
         _insertion_sort(lists, li, n)
-        inv_m = model.body_inv_mass[i]
-        Iw = solver.body[i].inv_inertia
-        xi = state.body_pos[i]
+        bi = solver.body[i]
+        inv_m = bi.inv_mass
+        xi = bi.pos
         vi = state.body_vel[i]
         wi = state.body_omega[i]
         if inv_m > 0.0:
@@ -158,10 +174,11 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             xj = vec3(0.0)
             if j >= 0:
                 vj = state.body_vel[j]
-                if model.body_inv_mass[j] > 0.0:
+                bj = solver.body[j]  # position and inverse mass in one record (filled by the loop above)
+                if bj.inv_mass > 0.0:
                     vj = vj + g * dt
                 wj = state.body_omega[j]
-                xj = state.body_pos[j]
+                xj = bj.pos
             ri = rec.point - xi
             rj = rec.point - xj
             vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(rec.normal)
@@ -180,7 +197,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             P_sum += P
             L_sum += ri.cross(P)
         ti.atomic_add(contacts.contact_total[None], counted)
-        solver.motion[0, i] = Motion(v=vi + inv_m * P_sum, w=wi + Iw @ L_sum, pv=vec3(0.0), pw=vec3(0.0))
+        solver.motion[0, i] = Motion(v=vi + inv_m * P_sum, w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, L_sum),
+                                     pv=vec3(0.0), pw=vec3(0.0))
 
 
 @ti.kernel
@@ -204,7 +222,8 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
         pw = mo.pw
         if bi.inv_mass > 0.0 and n_i > 0:
             inv_m = bi.inv_mass
-            Iw = bi.inv_inertia
+            Id = bi.inv_inertia_d
+            Io = bi.inv_inertia_o
             xi = bi.pos
             split_i = bi.split
             P_sum = vec3(0.0)
@@ -217,7 +236,8 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 n = rec.normal
                 ri = rec.point - xi
                 mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
-                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia=mat3(0.0), split=0.0, friction=0.0)
+                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
+                                split=0.0, friction=0.0)
                 if j >= 0:
                     mj = solver.motion[src, j]
                     bj = solver.body[j]
@@ -226,13 +246,12 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 mu = ti.sqrt(bi.friction * bj.friction)
                 rj = rec.point - bj.pos
                 inv_mj = bj.inv_mass
-                Iwj = bj.inv_inertia
                 split_j = bj.split
                 # effective inverse masses with split (n-times lighter) bodies; same value in both copies
                 rin = ri.cross(n)
                 rjn = rj.cross(n)
-                k_i = split_i * (inv_m + rin.dot(Iw @ rin))
-                k_j = split_j * (inv_mj + rjn.dot(Iwj @ rjn))
+                k_i = split_i * (inv_m + rin.dot(sym_mul(Id, Io, rin)))
+                k_j = split_j * (inv_mj + rjn.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjn)))
                 kn = k_i + k_j
                 vrel = (v + w.cross(ri)) - (mj.v + mj.w.cross(rj))
                 vn = vrel.dot(n)
@@ -247,7 +266,8 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                     tdir = vt / vt_len
                     rit = ri.cross(tdir)
                     rjt = rj.cross(tdir)
-                    kt = split_i * (inv_m + rit.dot(Iw @ rit)) + split_j * (inv_mj + rjt.dot(Iwj @ rjt))
+                    kt = split_i * (inv_m + rit.dot(sym_mul(Id, Io, rit))) + \
+                        split_j * (inv_mj + rjt.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjt)))
                     jt = jt_old - vt / kt
                 jt_len = jt.norm()
                 jt_max = mu * jn
@@ -268,9 +288,9 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 Pp_sum += dPp
                 Lp_sum += ri.cross(dPp)
             v = v + inv_m * P_sum
-            w = w + Iw @ L_sum
+            w = w + sym_mul(Id, Io, L_sum)
             pv = pv + inv_m * Pp_sum
-            pw = pw + Iw @ Lp_sum
+            pw = pw + sym_mul(Id, Io, Lp_sum)
         solver.motion[dst, i] = Motion(v=v, w=w, pv=pv, pw=pw)
 
 

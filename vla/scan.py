@@ -23,6 +23,28 @@ def scan_scratch_size(n: int) -> int:
     return nb + (nb + SCAN_FAN - 1) // SCAN_FAN + 2
 
 
+SCAN_UNROLL = 8
+
+
+@ti.func
+def _block_sum_of(src: ti.template(), item: ti.template(), lo, hi):
+    """item(src, lo) + ... + item(src, hi - 1), SCAN_UNROLL loads in flight (indices clamped into range and
+    masked, so the loads need no branch and issue together: a loop of one dependent add per load waits one
+    memory round trip per item)."""
+    s = 0
+    for g in range((hi - lo + SCAN_UNROLL - 1) // SCAN_UNROLL):
+        for u in ti.static(range(SCAN_UNROLL)):
+            j = lo + g * SCAN_UNROLL + u
+            v = item(src, ti.min(j, hi - 1))
+            s += ti.select(j < hi, v, 0)
+    return s
+
+
+@ti.func
+def _sum_item(src: ti.template(), j):
+    return src[j]
+
+
 @ti.func
 def exclusive_scan(src: ti.template(), item: ti.template(), n, block_sum: ti.template(), dst: ti.template()):
     """dst[j] = item(src, 0) + ... + item(src, j - 1) for j in [0, n]; dst[n] is the total.
@@ -33,15 +55,9 @@ def exclusive_scan(src: ti.template(), item: ti.template(), n, block_sum: ti.tem
     nb = (n + SCAN_BLOCK - 1) // SCAN_BLOCK
     nsb = (nb + SCAN_FAN - 1) // SCAN_FAN
     for b in range(nb):
-        s = 0
-        for j in range(b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n)):
-            s += item(src, j)
-        block_sum[b] = s
+        block_sum[b] = _block_sum_of(src, item, b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n))
     for sb in range(nsb):
-        s = 0
-        for b in range(sb * SCAN_FAN, ti.min((sb + 1) * SCAN_FAN, nb)):
-            s += block_sum[b]
-        block_sum[nb + sb] = s
+        block_sum[nb + sb] = _block_sum_of(block_sum, _sum_item, sb * SCAN_FAN, ti.min((sb + 1) * SCAN_FAN, nb))
     acc = 0
     ti.loop_config(serialize=True)
     for sb in range(nsb):
@@ -57,9 +73,18 @@ def exclusive_scan(src: ti.template(), item: ti.template(), n, block_sum: ti.tem
             run += t
     for b in range(nb):
         run = block_sum[b]
-        for j in range(b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n)):
-            dst[j] = run
-            run += item(src, j)
+        lo = b * SCAN_BLOCK
+        hi = ti.min(lo + SCAN_BLOCK, n)
+        for g in range((hi - lo + SCAN_UNROLL - 1) // SCAN_UNROLL):
+            vals = ti.Vector.zero(ti.i32, SCAN_UNROLL)
+            for u in ti.static(range(SCAN_UNROLL)):  # all loads first, then the running sum
+                j = lo + g * SCAN_UNROLL + u
+                vals[u] = ti.select(j < hi, item(src, ti.min(j, hi - 1)), 0)
+            for u in ti.static(range(SCAN_UNROLL)):
+                j = lo + g * SCAN_UNROLL + u
+                if j < hi:
+                    dst[j] = run
+                run += vals[u]
 
 
 @ti.func
