@@ -666,13 +666,10 @@ def test_capacity_error_names_the_knob():
         v._alloc("pool_probe", ti.i32, 2**31)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 9, 127, 128, 129, 128 * 128, 128 * 128 * 3 + 17])
+@pytest.mark.parametrize("n", [0, 1, 511, 512, 513, 512 * 64 * 3 + 17])
 def test_scan_matches_numpy_cumsum(n):
-    # n spans 0, partial unroll groups (8 loads at a time), one partial block, exact blocks, and several
-    # super-blocks (the hierarchical middle pass)
-    from vla.scan import SCAN_BLOCK, SCAN_FAN, SCAN_UNROLL, Scanner
-
-    assert (SCAN_BLOCK, SCAN_FAN, SCAN_UNROLL) == (128, 128, 8)  # the sizes above are chosen around these
+    # n spans 0, one partial block, exact blocks, and several super-blocks (the hierarchical middle pass)
+    from vla.scan import Scanner
 
     rng = np.random.default_rng(n)
     src_np = rng.integers(0, 9, size=max(n, 1)).astype(np.int32)

@@ -4,18 +4,15 @@ Blocked scan in five loops (Taichi runs a kernel's top-level loops one after the
 everywhere before the next starts): per-block sums (one thread per block of ``SCAN_BLOCK`` items),
 per-super-block sums (one thread per ``SCAN_FAN`` blocks), a serial scan of the super-block sums, the
 super-block offsets spread back to their blocks, and each block writing its items' offsets. The serial
-part walks n / (SCAN_BLOCK * SCAN_FAN) items (128 for 2M items): a single GPU thread walking every block
+part walks n / (SCAN_BLOCK * SCAN_FAN) items (64 for 2M items): a single GPU thread walking every block
 sum instead cost 0.57 ms per scan at 2M items on the H200 (dependent global loads, ~140 ns each).
 O(n) work; used by commit/trim/to_csr and by the simulator's grid, never by the append or read paths.
 Taichi's own ``PrefixSumExecutor`` only runs on CUDA/Vulkan, and this must run on the CPU too.
 """
 import taichi as ti
 
-# Items per thread in the first and last loops, and blocks per super-block. Small enough that a scan of
-# 100k-2M items runs thousands of threads (with 512 items per thread the first loop took 0.15 ms at any n on
-# the H200: a few hundred threads, each waiting its way through its items).
-SCAN_BLOCK = 128
-SCAN_FAN = 128
+SCAN_BLOCK = 512
+SCAN_FAN = 64
 
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
@@ -49,28 +46,6 @@ def _sum_item(src: ti.template(), j):
 
 
 @ti.func
-def _offsets_to(src: ti.template(), item: ti.template(), lo, hi, run, dst: ti.template()):
-    """dst[j] = run + item(src, lo) + ... + item(src, j - 1) for j in [lo, hi), SCAN_UNROLL loads at a time
-    (all loads of a group first, then the running sum). dst may be src's own storage when item reads
-    src[j]: a group's loads come before its stores."""
-    for g in range((hi - lo + SCAN_UNROLL - 1) // SCAN_UNROLL):
-        vals = ti.Vector.zero(ti.i32, SCAN_UNROLL)
-        for u in ti.static(range(SCAN_UNROLL)):
-            j = lo + g * SCAN_UNROLL + u
-            vals[u] = ti.select(j < hi, item(src, ti.min(j, hi - 1)), 0)
-        for u in ti.static(range(SCAN_UNROLL)):
-            j = lo + g * SCAN_UNROLL + u
-            if j < hi:
-                dst[j] = run
-            run += vals[u]
-
-
-@ti.func
-def _offsets_in_place(a: ti.template(), lo, hi, run):
-    _offsets_to(a, _sum_item, lo, hi, run, a)
-
-
-@ti.func
 def exclusive_scan(src: ti.template(), item: ti.template(), n, block_sum: ti.template(), dst: ti.template()):
     """dst[j] = item(src, 0) + ... + item(src, j - 1) for j in [0, n]; dst[n] is the total.
 
@@ -91,9 +66,25 @@ def exclusive_scan(src: ti.template(), item: ti.template(), n, block_sum: ti.tem
         acc += t
     dst[n] = acc
     for sb in range(nsb):
-        _offsets_in_place(block_sum, sb * SCAN_FAN, ti.min((sb + 1) * SCAN_FAN, nb), block_sum[nb + sb])
+        run = block_sum[nb + sb]
+        for b in range(sb * SCAN_FAN, ti.min((sb + 1) * SCAN_FAN, nb)):
+            t = block_sum[b]
+            block_sum[b] = run
+            run += t
     for b in range(nb):
-        _offsets_to(src, item, b * SCAN_BLOCK, ti.min((b + 1) * SCAN_BLOCK, n), block_sum[b], dst)
+        run = block_sum[b]
+        lo = b * SCAN_BLOCK
+        hi = ti.min(lo + SCAN_BLOCK, n)
+        for g in range((hi - lo + SCAN_UNROLL - 1) // SCAN_UNROLL):
+            vals = ti.Vector.zero(ti.i32, SCAN_UNROLL)
+            for u in ti.static(range(SCAN_UNROLL)):  # all loads first, then the running sum
+                j = lo + g * SCAN_UNROLL + u
+                vals[u] = ti.select(j < hi, item(src, ti.min(j, hi - 1)), 0)
+            for u in ti.static(range(SCAN_UNROLL)):
+                j = lo + g * SCAN_UNROLL + u
+                if j < hi:
+                    dst[j] = run
+                run += vals[u]
 
 
 @ti.func
