@@ -388,21 +388,6 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 
 
 @ti.func
-def _emit(lists: ti.template(), base, contacts: ti.template(), i, j, m):
-    """Append manifold m's points to list base + i and, for a body pair (j >= 0), to base + j with the
-    normal mirrored so each copy pushes its owner (m.normal points from i towards j; for planes it is the
-    plane normal and pushes i)."""
-    for q in range(m.count):
-        point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-        if j < 0:
-            lists.append(base + i, _record(point, m.normal, m.depth[q], j, m.feature[q]))
-        else:
-            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
-            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
-        atomic_max_rare(contacts.max_depth, m.depth[q])
-
-
-@ti.func
 def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls: ti.template()):
     """Manifold of body i with body j (or plane -1 - j when j < 0), a pair of the static class cls (0:
     sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box; see app.broadphase)."""
