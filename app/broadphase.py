@@ -2,20 +2,23 @@
 
 Each body is appended to the list of the one cell that holds its centre. The cell edge
 (model.grid_cell_size) is at least twice the largest bounding radius plus the contact margin, so any
-two bodies that can touch have centres in the same or adjacent cells: a body's candidates are the 27
-cells around it. Cost O(n) per step; there is no O(n^2) pass.
+two bodies that can touch have centres in the same or adjacent cells: a pair's two bodies are in one of
+the 27 cells around either of them, and kernel_candidate_pairs visits half of those (14 buckets) per
+body so that each pair is found once. Cost O(n) per step; there is no O(n^2) pass.
 
 Buckets are the Morton (Z-order) code of the cell coordinates taken modulo a period of P = 2^b cells per
 axis (table_size = P^3): the world wraps around every P cells, so two far-apart cells can share a bucket,
-which only costs extra bounding-sphere tests. Because P >= 4, the 27 cells around any cell always fall in
-27 distinct buckets (no duplicate visits to filter out).
+which only costs extra bounding-sphere tests. Because P >= 3 (the grid uses P >= 4), the 27 cells around
+any cell always fall in 27 distinct buckets (no duplicate visits to filter out), and a true neighbour's
+cell cannot alias another visited offset.
 
 Why Z-order and not a scrambling hash: bucket order then follows space, and the grid hands out
 `body_order`, the bodies sorted by bucket (a counting sort: each body's slot in its cell plus the
 prefix sum of the cell lengths). The narrowphase and the solver process bodies in that order, so the
 threads of a warp work on neighbouring bodies and read the same neighbour cells, positions and
-velocities: cache hits instead of one memory trip per neighbour. Body indices (and so scene order)
-are untouched.
+velocities: cache hits instead of one memory trip per neighbour. Body indices are untouched (they are
+the stored order, which app.sim.Simulation sets to the Z-order of the initial positions; see
+Simulation.scene_of).
 """
 
 import taichi as ti
@@ -91,10 +94,10 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     A cheap, uniform pass: finding candidates and computing contact geometry are separate kernels because
     in one thread per body the warp's 32 threads meet their heavy box-box pairs at different loop
     iterations and run them one after the other. Lists are indexed by order position t (not body i) so
-    that the narrowphase's flat walk over them stays in Z-order, and by pair class (grid.pair_list): the
-    flat walk then meets a run of sphere pairs, then a run of box-sphere / box-plane pairs, then a run of
-    box-box pairs, so the 32 threads of a warp mostly take the same branch of the narrowphase (mixed
-    classes made every warp pay for its slowest, box-box, lane)."""
+    that the narrowphase walks them in Z-order, and by pair class (grid.pair_list) so that it can run one
+    loop per class (each compiled for its class's geometry, classes 1-2 packed densely first; see
+    app.narrowphase.kernel_narrowphase): a warp then runs one collide_* function, never paying for a
+    box-box lane among sphere pairs."""
     n = model.body_count[None]
     for t in range(n):  # lists from n on stay empty: Grid.reset() empties all of them when a scene loads
         for c in ti.static(range(PAIR_CLASSES)):
@@ -170,21 +173,26 @@ class Grid:
         self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
                          name="candidate_pairs")
         # The narrowphase packs the pairs of the classes in COMPACT_CLASSES densely, class by class in
-        # Z-order (see app.narrowphase.kernel_narrowphase): class_start[k][t] is the first entry of order
-        # position t's class-COMPACT_CLASSES[k] pairs in compact_pairs (an ndarray of (t, j), sized on the host).
+        # Z-order (see app.narrowphase.kernel_narrowphase): class_start[k] is the exclusive prefix sum of the
+        # class-COMPACT_CLASSES[k] pairs per order position (class_start[k][n] their total), so order position
+        # t's pairs of that class start at entry class_start[k][t] + (the totals of classes before k) of
+        # compact_pairs (an ndarray of (t, j), sized on the host).
         self.class_start = [ti.field(ti.i32, n + 1) for _ in COMPACT_CLASSES]
         self.compact_pairs = None
 
     def compact_pairs_size(self, n: int) -> int:
         """Entries the compacted-pair buffer needs before a narrowphase of n bodies: every readable
         candidate pair of a compacted class sits in a distinct flat slot of grid.pairs (its lists' inline
-        slots or the pool), so this bound holds until the pairs VLA grows, which happens only at a commit."""
+        slots or the pool), so this bound holds until the pairs VLA's pool changes size: at a commit (or a
+        reserve/from_csr/trim), never inside the launch that runs the candidate pairs and the narrowphase;
+        find_contacts checks it before every attempt of that launch."""
         return len(COMPACT_CLASSES) * n * self.pairs.inline_capacity + \
             (self.pairs.slot_capacity - self.pairs.num_arrays * self.pairs.inline_capacity)
 
     def ensure_compact_pairs(self, n: int):
         """(Re)allocate compact_pairs when it may be too small (an ndarray: kernels take its size at run
-        time, so this costs no recompilation). Room for 25% more than needed, so that it rarely happens."""
+        time, so this costs no recompilation). Room for 25% more than needed, so that it rarely happens.
+        It never shrinks: a smaller scene loaded later keeps the larger buffer (4 bytes x 2 per entry)."""
         need = self.compact_pairs_size(n)
         if self.compact_pairs is None or self.compact_pairs.shape[0] < need:
             self.compact_pairs = ti.ndarray(ti.math.ivec2, shape=need + need // 4 + 16)
@@ -202,7 +210,8 @@ class Grid:
 
     def reset(self):
         """Empty the candidate-pair lists (a newly loaded scene may have fewer bodies than the last one: the
-        narrowphase walks every list, and kernel_candidate_pairs empties only the first body_count)."""
+        narrowphase's class-0 loop walks every pool chunk, whichever list owns it, and kernel_candidate_pairs
+        empties only the first body_count lists of each class)."""
         self.pairs.clear_all()
 
     def build(self, model, state):

@@ -20,7 +20,8 @@ NO_ERROR = 2 ** 31 - 1
 
 @ti.data_oriented
 class Health:
-    """error_body: 0-d i32, the lowest-index body that went NaN or faster than max_speed (NO_ERROR if none).
+    """error_body: 0-d i32, the body of lowest stored index that went NaN or faster than max_speed (NO_ERROR
+    if none; Simulation.check names it by its scene index).
     error_step: 0-d i32, the earliest step at which it happened. error_kind: 0-d i32, 1 NaN, 2 too fast."""
 
     def __init__(self):

@@ -37,26 +37,24 @@ def main(argv=None) -> int:
     from bench.common import init_taichi, parse_storages
 
     storages = parse_storages(args.storages)
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    if not orders or any(o not in ("z", "scene") for o in orders):
+        raise UserError(f"--orders: expected a comma list of z and scene, got {args.orders!r}")
+    import gc
+
     import taichi as ti
 
-    from app.headless import get_simulation
     from app.scene import load_scene
+    from app.sim import Simulation
 
     arch = init_taichi(args.arch, kernel_profiler=True)
-    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
-    for o in orders:
-        if o not in ("z", "scene"):
-            raise UserError(f"--orders: expected a comma list of z and scene, got {o!r}")
+    sim = None
     for order, (storage, overrides) in itertools.product(orders, storages):
         scene = load_scene(path, overrides)
-        if order == "z":
-            sim = get_simulation(scene, verbose=False)
-        else:
-            import gc
-
-            from app.sim import Simulation
-            gc.collect()
-            sim = Simulation(scene, verbose=False, spatial_sort=False)
+        # A fresh Simulation per case, the last one freed first: two 1M-body simulations would share the GPU
+        del sim
+        gc.collect()
+        sim = Simulation(scene, verbose=False, spatial_sort=(order == "z"))
         for _ in range(args.warmup):
             sim.step()
         ti.sync()

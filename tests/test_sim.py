@@ -146,13 +146,14 @@ def test_explosion_is_detected_with_body_and_step(sim):
     from app.sim import SimulationError
 
     scene = scene_from_dict({"name": "boom", "sim": {"max_speed": 50.0, "gravity": [0, 0, 0]}, "materials": {"m": {}},
-                             "bodies": [{"shape": "sphere", "radius": 0.1, "position": [0, 0, 0], "material": "m"},
-                                        {"shape": "sphere", "radius": 0.1, "position": [5, 0, 0],
-                                         "velocity": [0, 60, 0], "material": "m"}]})
+                             "bodies": [{"shape": "sphere", "radius": 0.1, "position": [5, 0, 0],
+                                         "velocity": [0, 60, 0], "material": "m"},
+                                        {"shape": "sphere", "radius": 0.1, "position": [0, 0, 0], "material": "m"}]})
     sim.load(scene)
+    assert sim.scene_of.tolist() == [1, 0]  # stored in Z-order: the culprit is stored body 1, scene body 0
     with pytest.raises(SimulationError) as ei:
         sim.step_frame()
-    assert "body 1" in str(ei.value) and "step 0" in str(ei.value)
+    assert "body 0" in str(ei.value) and "step 0" in str(ei.value)
     assert ei.value.exit_code == 1 and isinstance(ei.value, UserError)
 
 
@@ -299,6 +300,21 @@ def test_bodies_stored_in_z_order_read_back_in_scene_order(sim):
     assert np.allclose(sim.positions(), pos + sim.dt * sim.velocities(), atol=1e-5)
 
 
+def test_contact_counts_in_scene_order(sim):
+    # Spheres listed in shuffled order, every other one resting on the floor: contact_counts() (stored lists
+    # put in scene order) says 1 exactly for the resting ones.
+    rng = np.random.default_rng(8)
+    xs = rng.permutation(24) * 0.5
+    bodies = [{"shape": "sphere", "radius": 0.1, "position": [float(xs[k]), 0.0999 if k % 2 else 1.0, 0.0],
+               "material": "m"} for k in range(24)]
+    sim.load(scene_from_dict({"name": "cc", "sim": {"gravity": [0, 0, 0]}, "materials": {"m": {}},
+                              "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
+                              "bodies": bodies}))
+    assert not np.array_equal(sim.scene_of, np.arange(24))
+    sim.step()
+    assert sim.contact_counts().tolist() == [k % 2 for k in range(24)]
+
+
 def test_grid_body_order_is_a_permutation_sorted_by_bucket(sim):
     # body_order is what the narrowphase and solver threads walk: every body exactly once, grouped by bucket
     # in bucket (Z-order) order, and each bucket's bodies are the ones whose cell maps to it.
@@ -327,36 +343,39 @@ def test_grid_body_order_is_a_permutation_sorted_by_bucket(sim):
     assert np.array_equal(bucket, ref)
 
 
+def _contact_set(sim):
+    """Grid, candidate pairs and narrowphase on the current state into a fresh contact generation: the set of
+    (stored body, other, feature, depth) of every record."""
+    from app.narrowphase import find_contacts
+
+    sim.contacts.begin_step(sim.body_count)
+    sim.grid.build(sim.model, sim.state)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    offsets, values = sim.contacts.lists.to_csr()
+    base = sim.contacts.base
+    out = set()
+    for i in range(sim.body_count):
+        for r in range(offsets[base + i], offsets[base + i + 1]):
+            out.add((i, int(values["other"][r]), int(values["feature"][r]), round(float(values["depth"][r]), 6)))
+    return out
+
+
 def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     # The narrowphase reads the candidate pairs before their commit: those within their lists' room through
     # the class-0 flat walk and the compacted classes 1-2, the rest from the overflow area (pending). With
     # the pairs VLA emptied and trimmed, every pair beyond a list's 2 inline slots is pending: the contacts
     # must be the same set as with room for all.
-    from app.narrowphase import find_contacts
-
     pile = _small_pile("vla")
     sim.load(scene_from_dict({**pile.raw, "bodies": [{**pile.raw["bodies"][0], "count": 110, "max": [0.55, 3.0, 0.55]}]}))
     for _ in range(400):  # landed, three layers deep: lists of every class beyond their 2 inline slots
         sim.step()
 
-    def contact_set():
-        sim.contacts.begin_step(sim.body_count)
-        sim.grid.build(sim.model, sim.state)
-        find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
-        offsets, values = sim.contacts.lists.to_csr()
-        base = sim.contacts.base
-        out = set()
-        for i in range(sim.body_count):
-            for r in range(offsets[base + i], offsets[base + i + 1]):
-                out.add((i, int(values["other"][r]), int(values["feature"][r]), round(float(values["depth"][r]), 6)))
-        return out
-
-    roomy = contact_set()
+    roomy = _contact_set(sim)
     sim.contacts.flip()  # back to the same generation, so both runs fill the same lists
     sim.grid.pairs.clear_all()
     sim.grid.pairs.trim()
     assert sim.grid.pairs.stats()["pool_chunks_used"] == 0
-    tight = contact_set()
+    tight = _contact_set(sim)
     per_class = sim.grid.pairs.lengths().reshape(3, -1)
     assert all((per_class[c] > 2).any() for c in range(3))  # every class had pending pairs (beyond 2 inline)
     assert len(roomy) > sim.body_count and tight == roomy
@@ -443,10 +462,18 @@ def test_candidate_pairs_match_brute_force(sim):
     for _ in range(400):  # landed (a 1.6 m fall takes 0.57 s = 285 steps)
         sim.step()
     sim.grid.build(sim.model, sim.state)
-    from app.broadphase import PAIR_CLASSES, kernel_candidate_pairs
+    from app.broadphase import kernel_candidate_pairs
     from vla import launch
 
     launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+    ref = _assert_pairs_match_brute_force(sim)
+    assert len(ref) > sim.body_count and {c for c, _, _ in ref} == {0, 1, 2}  # landed: all classes, > 1 pair per body
+
+
+def _assert_pairs_match_brute_force(sim):
+    """grid.pairs (just filled) against an O(n^2) numpy reference, in scene order; returns the reference."""
+    from app.broadphase import PAIR_CLASSES
+
     g = sim.grid
     n = sim.body_count
     order = g.body_order.to_numpy()[:n]
@@ -469,17 +496,60 @@ def test_candidate_pairs_match_brute_force(sim):
     ref = set()
     d = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=2)
     reach = rad[:, None] + rad[None, :] + margin
+    fixed = shapes["fixed"]
     for i, j in zip(*np.nonzero(np.triu(d <= reach, 1))):
-        ref.add((int(shape[i] + shape[j]), int(i), int(j)))
+        if not (fixed[i] and fixed[j]):  # two fixed bodies never collide
+            ref.add((int(shape[i] + shape[j]), int(i), int(j)))
     k_planes = int(sim.model.plane_count[None])
     normals = sim.model.plane_normal.to_numpy()[:k_planes].astype(np.float64)
     offs = sim.model.plane_offset.to_numpy()[:k_planes].astype(np.float64)
     for i in range(n):
         for k in range(k_planes):
-            if offs[k] - normals[k] @ pos[i] + rad[i] > -margin:
+            if not fixed[i] and offs[k] - normals[k] @ pos[i] + rad[i] > -margin:  # fixed bodies skip planes
                 ref.add((int(shape[i]), i, -1 - k))
     # float32 on the device vs float64 here: only pairs within 1e-5 m of the threshold may differ
     near = {(c, i, j) for c, i, j in got ^ ref
             if j >= 0 and abs(d[i, j] - reach[i, j]) < 1e-5}
     assert got ^ ref == near
-    assert len(ref) > n and {c for c, _, _ in ref} == {0, 1, 2}  # landed: all classes, > 1 pair per body
+    return ref
+
+
+def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init; this test builds its own)
+    # A grid of P = 4 buckets per axis (capacity 64) under clusters spread over ~20 cells per axis: far
+    # cells share buckets (the wrap-around). Pairs must still match the brute force, each exactly once. The
+    # pairs VLA has an 8-element overflow area, so the first narrowphase loses pending pairs: vla.launch
+    # grows the pool and re-runs both kernels, and the packed-pair buffer must follow the larger pool.
+    from app.broadphase import PAIR_CLASSES
+    from app.sim import Simulation
+    from vla import VLA
+
+    bodies = []
+    for c, centre in enumerate([[0, 1, 0], [2.6, 1, 0.4], [5.2, 1.4, 5.0], [1.2, 2.9, 4.1], [4.4, 0.7, 2.2],
+                                [5.9, 2.2, 0.1]]):
+        for k in range(8):
+            off = [0.19 * (k & 1), 0.19 * ((k >> 1) & 1), 0.19 * (k >> 2)]
+            pos = [centre[a] + off[a] for a in range(3)]
+            if (c + k) % 2:
+                bodies.append({"shape": "sphere", "radius": 0.1, "position": pos, "material": "m"})
+            else:
+                bodies.append({"shape": "box", "half_extents": [0.08, 0.08, 0.08], "position": pos, "material": "m",
+                               "fixed": k == 0})
+    scene = scene_from_dict({"name": "wrap", "sim": {"gravity": [0, 0, 0]}, "materials": {"m": {}},
+                             "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0.75, "material": "m"}],
+                             "bodies": bodies})
+    sim = Simulation(scene, capacity=64, verbose=False)  # a small grid of its own, not the module's
+    assert sim.grid.axis_mask == 3 and sim.grid.table_size == 64
+    cell = float(sim.model.grid_cell_size[None])
+    assert np.ptp(sim.positions(), axis=0).max() > 8 * cell  # the clusters span at least two periods
+    sim.grid.pairs = VLA(PAIR_CLASSES * sim.grid.pair_stride, ti.i32, inline_capacity=2, chunk_size=4,
+                         overflow_capacity=8, name="candidate_pairs_tiny")
+    first = _contact_set(sim)
+    assert sim.grid.pairs.stats()["overflow_events"] > 0  # the first attempt lost pairs and was re-run
+    size_after = sim.grid.compact_pairs.shape[0]
+    assert size_after >= sim.grid.compact_pairs_size(sim.body_count)
+    ref = _assert_pairs_match_brute_force(sim)
+    assert {c for c, _, _ in ref} == {0, 1, 2}
+    sim.contacts.flip()
+    assert _contact_set(sim) == first and len(first) > len(bodies)  # a roomy second run: the same contacts
+
+

@@ -361,6 +361,59 @@ def test_flat_walk_plus_pending_sees_every_append_before_commit():
             v.commit()
 
 
+@ti.kernel
+def k_subset_walk(v: ti.template(), a: ti.i32, b: ti.i32, caps: _i32_nd, flat_sum: _i32_nd, flat_count: _i32_nd,
+                  read_sum: _i32_nd) -> ti.i32:
+    """For lists a..b-1: sums and counts over their inline slot range plus the pool's slots (flat walk of a
+    subset), and sums of get(i, k) for k < min(length, capacity) (readable before a commit). Returns
+    flat_size()."""
+    for i in range(v.num_arrays):
+        caps[i] = v.capacity(i)
+    n_inline = v.flat_inline_begin(b) - v.flat_inline_begin(a)
+    for e in range(n_inline + v.flat_pool_size()):
+        s = v.flat_inline_begin(a) + e
+        if e >= n_inline:
+            s = v.flat_pool_begin() + e - n_inline
+        i, k = v.flat_index(s)
+        if i >= a and i < b:
+            ti.atomic_add(flat_sum[i], v.flat_value(s) + 0 * k)
+            ti.atomic_add(flat_count[i], 1)
+    for i in range(a, b):
+        t = 0
+        for k in range(ti.min(v.length(i), v.capacity(i))):
+            t += v.get(i, k)
+        read_sum[i] = t
+    return v.flat_size()
+
+
+def test_capacity_and_flat_walk_of_a_list_subset_before_commit():
+    # capacity(i): whole chunks beyond the inline part, at least the committed length; the inline slots of
+    # lists a..b-1 plus the pool's slots hold exactly their readable elements (k < capacity), which get()
+    # also reads before the commit; the rest are pending. slot_capacity bounds flat_size() from the host.
+    v = VLA(6, ti.i32, inline_capacity=2, chunk_size=4, overflow_capacity=1000, name="subset")
+    lengths = [0, 3, 9, 2, 14, 5]
+    ref = [list(range(100 * i, 100 * i + n)) for i, n in enumerate(lengths)]
+    v.from_csr(np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([np.array(r, np.int32) for r in ref]))
+    owner = np.array([1, 1, 1, 1, 1, 2, 3, 3, 0, 4] * 3, np.int32)  # appends past some lists' room
+    value = np.arange(5000, 5000 + owner.size, dtype=np.int32)
+    k_append_pairs(v, owner, value, owner.size)
+    for i, x in zip(owner, value):
+        ref[i].append(int(x))
+    caps, fs, fc, rs = (np.zeros(6, np.int32) for _ in range(4))
+    flat_size = k_subset_walk(v, 1, 5, caps, fs, fc, rs)
+    assert v.stats()["overflow_events"] == 0  # not committed yet
+    assert all(c >= n and (c - 2) % 4 == 0 for c, n in zip(caps, lengths))
+    for i in range(1, 5):
+        readable = ref[i][: min(len(ref[i]), caps[i])]
+        assert fc[i] == len(readable) and fs[i] == sum(readable) == rs[i], i
+        assert len(ref[i]) > caps[i] or i == 4  # lists 1-3 really had pending elements
+    assert fc[0] == fc[5] == 0  # outside the subset
+    st = v.stats()
+    assert v.slot_capacity == st["inline_elements"] + st["pool_chunks_total"] * 4 >= flat_size
+    v.commit()
+    assert v.to_lists() == ref
+
+
 # ---------------------------------------------------------------------------------------------- memory
 def test_memory_reuse_100_cycles():
     v = VLA(64, ti.i32, inline_capacity=2, chunk_size=4, name="reuse")

@@ -334,8 +334,10 @@ class VLA:
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`get_member`, :meth:`set_member` (struct elements), :meth:`clear`, :meth:`reduce`, :meth:`for_each`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`,
-    :meth:`pending_size`, :meth:`pending_index`, :meth:`pending_value`, :meth:`get_inline`.
+    :meth:`get_member`, :meth:`set_member` (struct elements), :meth:`clear`, :meth:`reduce`, :meth:`for_each`,
+    :meth:`capacity`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`,
+    :meth:`flat_pool_begin`, :meth:`flat_pool_size`, :meth:`pending_size`, :meth:`pending_index`,
+    :meth:`pending_value`, :meth:`get_inline`.
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
@@ -814,7 +816,8 @@ class VLA:
     @property
     def slot_capacity(self) -> int:
         """Flat slots the storage holds now (inline tier + every pool chunk, handed out or not): an upper
-        bound of flat_size() until the next commit, known on the host without a device read."""
+        bound of flat_size() until the pool next changes size (commit, reserve, from_csr, trim), known on the
+        host without a device read."""
         return self._n_inline + self._caps["pool_chunks"] * self.chunk_size
 
     def stats(self) -> dict:
