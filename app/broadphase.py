@@ -173,11 +173,14 @@ class Grid:
         self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
                          name="candidate_pairs")
         # The narrowphase packs the pairs of the classes in COMPACT_CLASSES densely, class by class in
-        # Z-order (see app.narrowphase.kernel_narrowphase): class_start[k] is the exclusive prefix sum of the
-        # class-COMPACT_CLASSES[k] pairs per order position (class_start[k][n] their total), so order position
-        # t's pairs of that class start at entry class_start[k][t] + (the totals of classes before k) of
-        # compact_pairs (an ndarray of (t, j), sized on the host).
-        self.class_start = [ti.field(ti.i32, n + 1) for _ in COMPACT_CLASSES]
+        # Z-order (see app.narrowphase.kernel_narrowphase): compact_start is the exclusive prefix sum of the
+        # readable pairs of their lists (contiguous: classes 1 and 2, each pair_stride lists; lists of order
+        # positions >= body_count are empty), so list pair_list(COMPACT_CLASSES[k], t) starts at entry
+        # compact_start[k * pair_stride + t] of compact_pairs (an ndarray of (t, j), sized on the host).
+        assert list(COMPACT_CLASSES) == list(range(COMPACT_CLASSES[0], COMPACT_CLASSES[0] + len(COMPACT_CLASSES)))
+        n_compact_lists = len(COMPACT_CLASSES) * n
+        self.compact_start = ti.field(ti.i32, n_compact_lists + 1)
+        self.compact_scan_scratch = ti.field(ti.i32, scan_scratch_size(n_compact_lists))
         self.compact_pairs = None
 
     def compact_pairs_size(self, n: int) -> int:

@@ -441,16 +441,13 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
         atomic_max_rare(contacts.max_depth, m.depth[q])
 
 
-def _readable_pairs_of_class(c):
-    @ti.func
-    def count(grid: ti.template(), t):
-        """Class-c candidate pairs of order position t readable before the commit (the rest are pending)."""
-        lst = grid.pair_list(c, t)
-        return ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))
-    return count
-
-
-_READABLE_PAIRS = {c: _readable_pairs_of_class(c) for c in COMPACT_CLASSES}
+@ti.func
+def _readable_compact_pairs(grid: ti.template(), j):
+    """Candidate pairs readable before the commit (the rest are pending) in list j of the compacted classes'
+    lists, which are contiguous: lists pair_list(COMPACT_CLASSES[0], 0) + j, j < len(COMPACT_CLASSES) *
+    pair_stride (class COMPACT_CLASSES[j // pair_stride], order position j % pair_stride)."""
+    lst = grid.pair_list(COMPACT_CLASSES[0], 0) + j
+    return ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))
 
 
 @ti.kernel
@@ -464,7 +461,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     the occupancy, of its heaviest branch). Class 0 (spheres) walks the pairs VLA's flat slots: the inline
     slots of its lists (one range, in Z-order), then the pool's, keeping its own. The costly classes
     (COMPACT_CLASSES: box-sphere/box-plane, box-box) are first packed densely into `compact`, (t, j) per
-    pair, class by class in Z-order (a prefix sum over order positions gives each position its run): walked
+    pair, class by class in Z-order (one prefix sum over their lists gives each list its run): walked
     through the flat slots, their threads met empty slots and other classes' pairs (measured on the H200:
     5 of 32 lanes of a warp active in the box-box loop). Then one loop over the pending appends (pairs
     that overflowed their lists; the pairs are not committed yet when both kernels run inside one
@@ -489,23 +486,21 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         lst, _ = grid.pairs.flat_index(s)
         if lst >= 0 and lst < stride:
             _pair_contacts(model, state, grid, lists, base, contacts, margin, lst, grid.pairs.flat_value(s), 0)
-    # the other classes: pack, then one dense loop each
-    for k in ti.static(range(len(COMPACT_CLASSES))):
-        exclusive_scan(grid, _READABLE_PAIRS[COMPACT_CLASSES[k]], n, grid.scan_scratch, grid.class_start[k])
+    # the other classes: pack (one prefix sum over their lists, class after class, so each class's pairs
+    # come out as one run of `compact`), then one dense loop per class
+    K = ti.static(len(COMPACT_CLASSES))
+    exclusive_scan(grid, _readable_compact_pairs, K * stride, grid.compact_scan_scratch, grid.compact_start)
     for t in range(n):
-        offset = 0
-        for k in ti.static(range(len(COMPACT_CLASSES))):
+        for k in ti.static(range(K)):
             lst = grid.pair_list(COMPACT_CLASSES[k], t)
-            first = offset + grid.class_start[k][t]
+            first = grid.compact_start[k * stride + t]
             for q in range(ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))):
                 compact[first + q] = ti.Vector([t, grid.pairs.get(lst, q)])
-            offset += grid.class_start[k][n]
-    offset = 0
-    for k in ti.static(range(len(COMPACT_CLASSES))):
-        for e in range(grid.class_start[k][n]):
-            tj = compact[offset + e]
+    for k in ti.static(range(K)):
+        lo = grid.compact_start[k * stride]
+        for e in range(grid.compact_start[(k + 1) * stride] - lo):
+            tj = compact[lo + e]
             _pair_contacts(model, state, grid, lists, base, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
-        offset += grid.class_start[k][n]
     for o in range(grid.pairs.pending_size()):
         lst, _ = grid.pairs.pending_index(o)
         j = grid.pairs.pending_value(o)
