@@ -10,6 +10,7 @@ BENCHES = {
     "viewer": "bench.viewer_bench",
     "batch": "bench.batch_bench",
     "profile": "bench.profile_bench",
+    "lanes": "bench.lanes_bench",
 }
 
 
