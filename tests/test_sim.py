@@ -553,3 +553,15 @@ def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init;
     assert _contact_set(sim) == first and len(first) > len(bodies)  # a roomy second run: the same contacts
 
 
+
+
+def test_lane_use_statistic():
+    # bench lanes' formula: useful lane-iterations over the lane-iterations a warp lasts (its longest list)
+    from bench.lanes_bench import lane_use
+
+    assert lane_use(np.full(64, 5), np.arange(64)) == 1.0
+    counts = np.arange(32)
+    assert lane_use(counts, np.arange(32)) == pytest.approx(counts.sum() / (32 * 31))
+    two = np.concatenate([np.zeros(32, int), np.full(32, 4)])  # grouped: one idle warp, one full one
+    mixed = np.arange(64).reshape(2, 32).T.reshape(-1)  # interleaved: both warps last 4 iterations
+    assert lane_use(two, np.arange(64)) == 1.0 and lane_use(two, mixed) == 0.5
