@@ -2,10 +2,11 @@
 
 The broadphase's candidate-pair pass (app.broadphase.kernel_candidate_pairs) lists, per body i, the
 planes within reach and the bodies j whose bounding spheres come within the margin, each pair in one of
-the two bodies' lists (so each pair is tested once). Here one thread per candidate pair computes the manifold and appends each contact point
-to list i *and* list j, with mirrored normals, inside the kernel. Pairs: sphere-sphere, sphere-plane,
-sphere-box, box-plane and box-box (separating-axis test over the 15 axes, then Sutherland-Hodgman clipping of the incident face
-against the reference face: a manifold of up to 4 points; edge-edge gives one point).
+the two bodies' lists (so each pair is tested once). Here one thread per candidate pair computes the
+manifold and appends each contact point to list i *and* list j, with mirrored normals, inside the kernel.
+Pairs: sphere-sphere, sphere-plane, sphere-box, box-plane and box-box (separating-axis test over the 15
+axes, then Sutherland-Hodgman clipping of the incident face against the reference face: a manifold of up
+to 4 points; edge-edge gives one point).
 
 Contacts closer than the contact margin are kept with a negative depth (speculative contacts): the
 solver lets such a pair approach by exactly the gap, so resting contacts do not flicker in and out
@@ -18,10 +19,10 @@ is passed as `lists`.
 import taichi as ti
 
 from vla import launch
+from vla.scan import exclusive_scan
 
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
-from vla.scan import exclusive_scan
 from app.contacts import ContactRecord
 from app.math3d import quat_to_mat, sign_nz
 
@@ -442,12 +443,18 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
 
 
 @ti.func
-def _readable_compact_pairs(grid: ti.template(), j):
-    """Candidate pairs readable before the commit (the rest are pending) in list j of the compacted classes'
-    lists, which are contiguous: lists pair_list(COMPACT_CLASSES[0], 0) + j, j < len(COMPACT_CLASSES) *
-    pair_stride (class COMPACT_CLASSES[j // pair_stride], order position j % pair_stride)."""
-    lst = grid.pair_list(COMPACT_CLASSES[0], 0) + j
+def _readable_pairs(grid: ti.template(), lst):
+    """Candidate pairs of list lst readable before the commit: those in the list's own storage (the rest
+    are pending, in the overflow area)."""
     return ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))
+
+
+@ti.func
+def _readable_compact_pairs(grid: ti.template(), j):
+    """_readable_pairs of list j of the compacted classes' lists, which are contiguous: lists
+    pair_list(COMPACT_CLASSES[0], 0) + j, j < len(COMPACT_CLASSES) * pair_stride (class
+    COMPACT_CLASSES[j // pair_stride], order position j % pair_stride). An item of exclusive_scan."""
+    return _readable_pairs(grid, grid.pair_list(COMPACT_CLASSES[0], 0) + j)
 
 
 @ti.kernel
@@ -494,7 +501,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         for k in ti.static(range(K)):
             lst = grid.pair_list(COMPACT_CLASSES[k], t)
             first = grid.compact_start[k * stride + t]
-            for q in range(ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))):
+            for q in range(_readable_pairs(grid, lst)):
                 compact[first + q] = ti.Vector([t, grid.pairs.get(lst, q)])
     for k in ti.static(range(K)):
         lo = grid.compact_start[k * stride]

@@ -42,6 +42,8 @@ vec3 = ti.types.vector(3, ti.f32)
 #   factor); friction: the body material's mu.
 SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia_d=vec3, inv_inertia_o=vec3, split=ti.f32,
                              friction=ti.f32)
+# Velocity and split-impulse pseudo velocity of a body (m/s, rad/s), one 48-byte record per body and buffer.
+Motion = ti.types.struct(v=vec3, w=vec3, pv=vec3, pw=vec3)
 
 
 @ti.func
@@ -56,8 +58,6 @@ def sym_mul(d, o, x):
     return vec3(d[0] * x[0] + o[0] * x[1] + o[1] * x[2],
                 o[0] * x[0] + d[1] * x[1] + o[2] * x[2],
                 o[1] * x[0] + o[2] * x[1] + d[2] * x[2])
-# Velocity and split-impulse pseudo velocity of a body (m/s, rad/s), one 48-byte record per body and buffer.
-Motion = ti.types.struct(v=vec3, w=vec3, pv=vec3, pw=vec3)
 
 
 @ti.func
