@@ -35,21 +35,11 @@ vec3 = ti.types.vector(3, ti.f32)
 #   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
 #   other: i32, the other body, or -1 - plane for a static plane
 #   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
-# The narrowphase writes the five members above (GEOMETRY_MEMBERS); kernel_prepare writes the rest each step:
 #   impulse_n: f32 N s, accumulated normal impulse; impulse_t: vec3 N s, accumulated friction impulse
 #   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
-#   arm_other: vec3 m, contact point minus the other body's position (0 for a plane)
-#   mass_d, mass_o: the pair's inverse effective mass matrix K (1/kg; symmetric 3x3 as diagonal and
-#     off-diagonal xy xz yz, app.solver.sym_pack), with both bodies' mass-splitting factors in it: an impulse
-#     P at the contact changes the relative velocity by K P, so d.K.d is the inverse mass along direction d
-#   friction: f32, the pair's Coulomb coefficient sqrt(mu_a mu_b)
-# Everything the solver iteration needs of the other body except its velocities is in the record (read in
-# sequence from the owner's own list) rather than gathered from the other body each iteration.
 ContactRecord = ti.types.struct(point=vec3, normal=vec3, depth=ti.f32, other=ti.i32, feature=ti.i32,
-                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32, bias=ti.f32,
-                                arm_other=vec3, mass_d=vec3, mass_o=vec3, friction=ti.f32)
-CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1 + 3 + 3 + 3 + 1)
-GEOMETRY_MEMBERS = ("point", "normal", "depth", "other", "feature")
+                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32, bias=ti.f32)
+CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1)
 
 
 def _dtype_bytes(dtype) -> int:

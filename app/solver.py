@@ -28,14 +28,14 @@ step (matched by other body and feature id).
 
 import taichi as ti
 
-from app.contacts import GEOMETRY_MEMBERS
 from app.integrator import kernel_integrate
 from app.math3d import world_inv_inertia
 
 vec3 = ti.types.vector(3, ti.f32)
 
-# A body's constants for one step (filled by kernel_prepare's first loop): what the body's own thread needs each
-# iteration, and what prepare gathers of a contact's other body to build the pair constants in the record.
+# What a contact needs of the body at its other end, gathered once per contact per iteration: packed in one
+# record (48 bytes) instead of six fields (pos, inverse mass, inertia, list length, material -> friction: a
+# memory sector each). Filled by kernel_prepare.
 #   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia_d, inv_inertia_o: the world-frame inverse inertia
 #   R diag(I^-1) R^T (1/(kg m^2)) at the start of the step, symmetric, so 6 numbers (diagonal xx, yy, zz and
 #   off-diagonal xy, xz, yz; see sym_mul) instead of 9; split: contacts in the body's list (mass-splitting
@@ -84,19 +84,11 @@ def _key_less_at(lists: ti.template(), li, a, other_b, feature_b):
 
 
 @ti.func
-def _move_geometry(lists: ti.template(), li, src, dst):
-    """Copy the members the narrowphase wrote (GEOMETRY_MEMBERS) of record src to record dst of list li."""
-    for name in ti.static(GEOMETRY_MEMBERS):
-        lists.set_member(li, dst, name, lists.get_member(li, src, name))
-
-
-@ti.func
 def _insertion_sort(lists: ti.template(), li, n):
-    """Sort records 0..n-1 of list li by (other, feature) in place. Only the members the narrowphase wrote
-    move (36 of the record's bytes): kernel_prepare writes all the others after the sort. Keys are compared
-    member by member; records move only when one is out of place. Measured against a sort by rank (keys and
-    ranks in local memory, each record moved at most once): kernel_prepare 4.25 ms with this, 6.52 ms with
-    that (H200, landed pile_1m, ~10 records per list); the local arrays cost more than the moves they save."""
+    """Sort records 0..n-1 of list li by (other, feature) in place (keys compared member by member; whole
+    records move only when one is out of place). Measured against a sort by rank (keys and ranks in local
+    memory, each record moved at most once): kernel_prepare 4.25 ms with this, 6.52 ms with that (H200,
+    landed pile_1m, ~10 records per list); the local arrays cost more than the moves they save."""
     for a in range(1, n):
         o_a = lists.get_member(li, a, "other")
         f_a = lists.get_member(li, a, "feature")
@@ -107,43 +99,23 @@ def _insertion_sort(lists: ti.template(), li, n):
                 break
             b -= 1
         if b + 1 < a:
-            point = lists.get_member(li, a, "point")
-            normal = lists.get_member(li, a, "normal")
-            depth = lists.get_member(li, a, "depth")
+            rec = lists.get(li, a)
             for c in range(a - b - 1):
-                _move_geometry(lists, li, a - c - 1, a - c)
-            lists.set_member(li, b + 1, "point", point)
-            lists.set_member(li, b + 1, "normal", normal)
-            lists.set_member(li, b + 1, "depth", depth)
-            lists.set_member(li, b + 1, "other", o_a)
-            lists.set_member(li, b + 1, "feature", f_a)
-
-
-@ti.func
-def arm_mass(r, d, o):
-    """[r]x^T S [r]x packed like sym_pack, for the symmetric S packed as (d, o): the inverse effective mass
-    that a unit impulse at arm r (m) adds through the inverse inertia S (1/(kg m^2)); for a unit direction u,
-    u . arm_mass(r, S) u = (r x u) . S (r x u)."""
-    S = ti.Matrix([[d[0], o[0], o[1]], [o[0], d[1], o[2]], [o[1], o[2], d[2]]], dt=ti.f32)
-    R = ti.Matrix([[0.0, -r[2], r[1]], [r[2], 0.0, -r[0]], [-r[1], r[0], 0.0]], dt=ti.f32)
-    return sym_pack(R.transpose() @ S @ R)
+                lists.set(li, a - c, lists.get(li, a - c - 1))
+            lists.set(li, b + 1, rec)
 
 
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
                    prev_base: ti.i32, solver: ti.template(), contacts: ti.template(), order: ti.template(),
                    dt: ti.f32):
-    """Per body: sort its list, warm-start from last step's list, compute restitution targets and the
-    pair constants the iterations read (other arm, inverse effective mass matrix, friction), apply gravity
-    and the warm-start impulses into solver buffer 0, and count contacts.
+    """Per body: sort its list, warm-start from last step's list, compute restitution targets, apply
+    gravity and the warm-start impulses into solver buffer 0, and count contacts.
 
     Reads state (poses and velocities at the start of the step), model, lists[prev_base + i], order (every
     body once; neighbours next to each other, see JacobiSolver.step).
-    Writes lists[base + i] (all members but the geometry, which it only reorders), solver.motion[0, i],
-    solver.body[i], contacts.contact_total (each pair counted once).
-
-    Three loops (each its own GPU kernel): the solver records; the sorts, whose lengths vary most from
-    thread to thread; then the per-contact work, which needs every body's solver record."""
+    Writes lists[base + i] (impulses, bias), solver.motion[0, i], solver.body[i], contacts.contact_total (each
+    pair counted once)."""
     g = model.gravity[None]
     warm = model.warm_start[None]
     threshold = model.restitution_threshold[None]
@@ -155,15 +127,13 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                                     inv_inertia_o=o, split=ti.cast(lists.length(base + i), ti.f32),
                                     friction=model.material_friction[model.body_material[i]])
     for t in range(n_bodies):
-        # Sort the list by key (other body, feature): a fixed order makes the float sums (and therefore the
-        # motion) independent of the order in which parallel threads appended, and lets the warm start
-        # merge-walk last step's list.
-        li = base + order[t]
-        _insertion_sort(lists, li, lists.length(li))
-    for t in range(n_bodies):
         i = order[t]
         li = base + i
         n = lists.length(li)
+        # Sort the list by key (other body, feature): a fixed order makes the float sums (and therefore the
+        # motion) independent of the order in which parallel threads appended, and lets the warm start
+        # merge-walk last step's list.
+        _insertion_sort(lists, li, n)
         bi = solver.body[i]
         inv_m = bi.inv_mass
         xi = bi.pos
@@ -180,63 +150,50 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         L_sum = vec3(0.0)
         counted = 0
         for k in range(n):
-            j = lists.get_member(li, k, "other")
-            feature = lists.get_member(li, k, "feature")
-            normal = lists.get_member(li, k, "normal")
-            point = lists.get_member(li, k, "point")
-            depth = lists.get_member(li, k, "depth")
-            if j > i or j < 0:
+            rec = lists.get(li, k)
+            if rec.other > i or rec.other < 0:
                 counted += 1
             while p < n_prev:  # (a break for the same reason: no read past the previous list's end)
-                if not _key_less_at(lists, lp, p, j, feature):
+                if not _key_less_at(lists, lp, p, rec.other, rec.feature):
                     break
                 p += 1
-            impulse_n = 0.0
-            impulse_t = vec3(0.0)
+            rec.impulse_n = 0.0
+            rec.impulse_t = vec3(0.0)
+            rec.impulse_p = 0.0
             if p < n_prev:
-                if lists.get_member(lp, p, "other") == j and lists.get_member(lp, p, "feature") == feature:
-                    impulse_n = warm * lists.get_member(lp, p, "impulse_n")
+                if lists.get_member(lp, p, "other") == rec.other and lists.get_member(lp, p, "feature") == rec.feature:
+                    rec.impulse_n = warm * lists.get_member(lp, p, "impulse_n")
                     # the tangent plane turned a little since last step: keep the in-plane part
                     old_t = lists.get_member(lp, p, "impulse_t")
-                    impulse_t = warm * (old_t - old_t.dot(normal) * normal)
-            # the other body (a plane: fixed, no arm), its share of the pair constants
+                    jt = old_t - old_t.dot(rec.normal) * rec.normal
+                    rec.impulse_t = warm * jt
+            # restitution target from the approach velocity before any impulse of this step
+            j = rec.other
             vj = vec3(0.0)
             wj = vec3(0.0)
-            bj = SolverBody(pos=point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0), split=0.0,
-                            friction=0.0)
+            xj = vec3(0.0)
             if j >= 0:
-                bj = solver.body[j]  # filled by the first loop
                 vj = state.body_vel[j]
+                bj = solver.body[j]  # position and inverse mass in one record (filled by the loop above)
                 if bj.inv_mass > 0.0:
                     vj = vj + g * dt
                 wj = state.body_omega[j]
-            else:
-                bj.friction = model.material_friction[model.plane_material[-1 - j]]
-            ri = point - xi
-            rj = point - bj.pos
-            # K = split_i (inv_m_i 1 + [ri]x^T I_i^-1 [ri]x) + split_j (same for j): mass splitting makes each
-            # body n times lighter for each of its n contacts (same value in both copies of a pair contact)
-            Ki_d, Ki_o = arm_mass(ri, bi.inv_inertia_d, bi.inv_inertia_o)
-            Kj_d, Kj_o = arm_mass(rj, bj.inv_inertia_d, bj.inv_inertia_o)
-            mass_d = bi.split * (inv_m + Ki_d) + bj.split * (bj.inv_mass + Kj_d)
-            mass_o = bi.split * Ki_o + bj.split * Kj_o
-            # restitution target from the approach velocity before any impulse of this step
-            vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(normal)
+                xj = bj.pos
+            ri = rec.point - xi
+            rj = rec.point - xj
+            vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(rec.normal)
             e = ti.max(model.material_restitution[mi], model.material_restitution[_material_of_other(model, j)])
-            bias = ti.min(depth, 0.0) / dt   # speculative: may approach by the gap, no further
-            if vn0 < -threshold and depth > vn0 * dt:
+            bias = ti.min(rec.depth, 0.0) / dt   # speculative: may approach by the gap, no further
+            if vn0 < -threshold and rec.depth > vn0 * dt:
                 # it touches within this step: bounce
                 bias = -e * vn0
-            # (the members this kernel owns; the geometry stays as the narrowphase wrote it)
-            lists.set_member(li, k, "impulse_n", impulse_n)
-            lists.set_member(li, k, "impulse_t", impulse_t)
-            lists.set_member(li, k, "impulse_p", 0.0)
+            rec.bias = bias
+            # (the members this kernel changed; the geometry stays as the narrowphase wrote it)
+            lists.set_member(li, k, "impulse_n", rec.impulse_n)
+            lists.set_member(li, k, "impulse_t", rec.impulse_t)
+            lists.set_member(li, k, "impulse_p", rec.impulse_p)
             lists.set_member(li, k, "bias", bias)
-            lists.set_member(li, k, "arm_other", rj)
-            lists.set_member(li, k, "mass_d", mass_d)
-            lists.set_member(li, k, "mass_o", mass_o)
-            lists.set_member(li, k, "friction", ti.sqrt(bi.friction * bj.friction))
-            P = impulse_n * normal + impulse_t
+            P = rec.impulse_n * rec.normal + rec.impulse_t
             P_sum += P
             L_sum += ri.cross(P)
         ti.atomic_add(contacts.contact_total[None], counted)
@@ -247,10 +204,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 @ti.kernel
 def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
                            order: ti.template(), src: ti.i32, dt: ti.f32):
-    """One Jacobi + mass-splitting iteration: reads solver.motion[src], the body's own solver record and
-    contact list, and of each other body only its velocities (solver.motion[src, j]: the rest of what a
-    contact needs of it, kernel_prepare put in the record); writes solver.motion[1 - src] and the
-    accumulated impulses of each body's own contact records (those three members only)."""
+    """One Jacobi + mass-splitting iteration: reads solver.motion[src] and solver.body, writes
+    solver.motion[1 - src] and the accumulated impulses of each body's own contact records (those three
+    members only: the rest of a record is read-only here)."""
     dst = 1 - src
     slop = model.slop[None]
     beta = model.position_correction[None]
@@ -265,7 +221,11 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
         pv = mo.pv
         pw = mo.pw
         if bi.inv_mass > 0.0 and n_i > 0:
+            inv_m = bi.inv_mass
+            Id = bi.inv_inertia_d
+            Io = bi.inv_inertia_o
             xi = bi.pos
+            split_i = bi.split
             P_sum = vec3(0.0)
             L_sum = vec3(0.0)
             Pp_sum = vec3(0.0)
@@ -275,11 +235,24 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 j = rec.other
                 n = rec.normal
                 ri = rec.point - xi
-                rj = rec.arm_other
                 mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
+                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
+                                split=0.0, friction=0.0)
                 if j >= 0:
                     mj = solver.motion[src, j]
-                kn = n.dot(sym_mul(rec.mass_d, rec.mass_o, n))
+                    bj = solver.body[j]
+                else:
+                    bj.friction = model.material_friction[model.plane_material[-1 - j]]
+                mu = ti.sqrt(bi.friction * bj.friction)
+                rj = rec.point - bj.pos
+                inv_mj = bj.inv_mass
+                split_j = bj.split
+                # effective inverse masses with split (n-times lighter) bodies; same value in both copies
+                rin = ri.cross(n)
+                rjn = rj.cross(n)
+                k_i = split_i * (inv_m + rin.dot(sym_mul(Id, Io, rin)))
+                k_j = split_j * (inv_mj + rjn.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjn)))
+                kn = k_i + k_j
                 vrel = (v + w.cross(ri)) - (mj.v + mj.w.cross(rj))
                 vn = vrel.dot(n)
                 jn_old = rec.impulse_n
@@ -291,10 +264,13 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 vt_len = vt.norm()
                 if vt_len > 1e-9:
                     tdir = vt / vt_len
-                    kt = tdir.dot(sym_mul(rec.mass_d, rec.mass_o, tdir))
+                    rit = ri.cross(tdir)
+                    rjt = rj.cross(tdir)
+                    kt = split_i * (inv_m + rit.dot(sym_mul(Id, Io, rit))) + \
+                        split_j * (inv_mj + rjt.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjt)))
                     jt = jt_old - vt / kt
                 jt_len = jt.norm()
-                jt_max = rec.friction * jn
+                jt_max = mu * jn
                 if jt_len > jt_max:
                     jt = jt * (jt_max / jt_len)
                 # split impulse: pseudo velocities remove (depth - slop), never feed back into v
@@ -311,10 +287,10 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 dPp = (jp - jp_old) * n
                 Pp_sum += dPp
                 Lp_sum += ri.cross(dPp)
-            v = v + bi.inv_mass * P_sum
-            w = w + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, L_sum)
-            pv = pv + bi.inv_mass * Pp_sum
-            pw = pw + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, Lp_sum)
+            v = v + inv_m * P_sum
+            w = w + sym_mul(Id, Io, L_sum)
+            pv = pv + inv_m * Pp_sum
+            pw = pw + sym_mul(Id, Io, Lp_sum)
         solver.motion[dst, i] = Motion(v=v, w=w, pv=pv, pw=pw)
 
 

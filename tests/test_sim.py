@@ -383,8 +383,7 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
 
 def test_prepare_sorts_contact_lists_by_key(sim):
     # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, short and long
-    # (inline and pool records): sorted by key, stable, the narrowphase's members moved with their key.
-    from app.contacts import GEOMETRY_MEMBERS
+    # (inline and pool records): sorted by key, stable, whole records moved.
     from app.solver import _insertion_sort
 
     @ti.kernel
@@ -405,11 +404,7 @@ def test_prepare_sorts_contact_lists_by_key(sim):
               "depth": np.arange(total, dtype=np.float32), "other": other, "feature": feature,
               "impulse_n": rng.normal(size=total).astype(np.float32),
               "impulse_t": rng.normal(size=(total, 3)).astype(np.float32),
-              "impulse_p": rng.normal(size=total).astype(np.float32), "bias": rng.normal(size=total).astype(np.float32),
-              "arm_other": rng.normal(size=(total, 3)).astype(np.float32),
-              "mass_d": rng.normal(size=(total, 3)).astype(np.float32),
-              "mass_o": rng.normal(size=(total, 3)).astype(np.float32),
-              "friction": rng.normal(size=total).astype(np.float32)}
+              "impulse_p": rng.normal(size=total).astype(np.float32), "bias": rng.normal(size=total).astype(np.float32)}
     lists.from_csr(offsets, values)
     sort_lists(lists, 9)
     got_off, got = lists.to_csr()
@@ -417,11 +412,8 @@ def test_prepare_sorts_contact_lists_by_key(sim):
     for i in range(9):
         a, b = offsets[i], offsets[i + 1]
         perm = np.lexsort((np.arange(b - a), feature[a:b], other[a:b]))  # by other, feature, then original index
-        # the geometry moves with its key; the other members are kernel_prepare's to rewrite after the sort
-        for name in GEOMETRY_MEMBERS:
-            assert np.array_equal(got[name][a:b], values[name][a:b][perm]), (i, name)
-        for name in set(values) - set(GEOMETRY_MEMBERS):
-            assert np.array_equal(got[name][a:b], values[name][a:b]), (i, name)
+        for name, arr in values.items():
+            assert np.array_equal(got[name][a:b], arr[a:b][perm]), (i, name)
     sim.load(_small_pile("vla"))
 
 
@@ -459,38 +451,6 @@ def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
                   np.stack([2 * (xx * z - w * y), 2 * (y * z + w * xx), 1 - 2 * (xx * xx + y * y)], -1)], 1)
     ref = np.einsum("kij,kj,klj,kl->ki", R, inv_i, R, x)
     assert np.allclose(out[:, 0], ref, rtol=1e-4, atol=1e-3)
-
-
-def test_arm_mass_matches_numpy(sim):
-    # The pair's inverse effective mass matrix that kernel_prepare stores per contact: arm_mass(r, S) must be
-    # [r]x^T S [r]x, i.e. u . K u = (r x u) . S (r x u) for any direction u (numpy, float64 reference).
-    from app.solver import arm_mass, sym_mul, sym_pack
-
-    rng = np.random.default_rng(8)
-    A = rng.normal(size=(32, 3, 3))
-    S = (A @ A.transpose(0, 2, 1)).astype(np.float32)   # symmetric positive definite
-    r = rng.normal(size=(32, 3)).astype(np.float32)
-    u = rng.normal(size=(32, 3)).astype(np.float32)
-    out = np.zeros((32, 3), np.float32)
-
-    @ti.kernel
-    def apply(S: ti.types.ndarray(), r: ti.types.ndarray(), u: ti.types.ndarray(), out: ti.types.ndarray()):
-        for k in range(32):
-            M = ti.Matrix([[S[k, a, b] for b in range(3)] for a in range(3)], dt=ti.f32)
-            d, o = sym_pack(M)
-            Kd, Ko = arm_mass(ti.Vector([r[k, 0], r[k, 1], r[k, 2]]), d, o)
-            x = sym_mul(Kd, Ko, ti.Vector([u[k, 0], u[k, 1], u[k, 2]]))
-            for c in ti.static(range(3)):
-                out[k, c] = x[c]
-
-    apply(S, r, u, out)
-    R = np.zeros((32, 3, 3))
-    R[:, 0, 1], R[:, 0, 2], R[:, 1, 2] = -r[:, 2], r[:, 1], -r[:, 0]
-    R[:, 1, 0], R[:, 2, 0], R[:, 2, 1] = r[:, 2], -r[:, 1], r[:, 0]
-    ref = np.einsum("kji,kjl,klm,km->ki", R, S.astype(np.float64), R, u.astype(np.float64))
-    assert np.allclose(out, ref, rtol=1e-4, atol=1e-3)
-    ru = np.cross(r.astype(np.float64), u)
-    assert np.allclose(np.einsum("ki,ki->k", u, ref), np.einsum("ki,kij,kj->k", ru, S, ru), rtol=1e-9)
 
 
 def test_candidate_pairs_match_brute_force(sim):
