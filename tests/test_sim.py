@@ -19,8 +19,8 @@ from app.scene import scene_from_dict  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SCENES = ROOT / "scenes"
 
-# Storages agree: the solver sorts every body's list by (other body, feature) before using it, so the
-# motion does not depend on the order in which threads appended. This module runs Taichi with
+# Storages agree: the solver's sums over a list are order-independent (fixed point), so the motion does not
+# depend on the order in which threads appended. This module runs Taichi with
 # fast_math=False, so that each storage's differently compiled kernels round identically; the three
 # storages must then give bit-identical motion (tolerance 0). With fast-math (the default elsewhere) LLVM
 # may contract floats differently per kernel and a pile amplifies the 1-ulp differences: measured 3.6e-5 m
@@ -381,39 +381,46 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     assert len(roomy) > sim.body_count and tight == roomy
 
 
-def test_prepare_sorts_contact_lists_by_key(sim):
-    # kernel_prepare's sort against numpy: lists of random (other, feature) keys with ties, short and long
-    # (inline and pool records): sorted by key, stable, whole records moved.
-    from app.solver import _insertion_sort
-
-    @ti.kernel
-    def sort_lists(lists: ti.template(), count: ti.i32):
-        for li in range(count):
-            _insertion_sort(lists, li, lists.length(li))
+def test_solver_motion_does_not_depend_on_list_order(sim):
+    # Threads append contacts in whatever order they race; the solver sums each list in fixed point
+    # (app.solver.FIXED_ONE) and finds warm-start partners by key, so one step from the same state and the
+    # same contacts, with every list's records (both generations) in another order, must give bit-identical
+    # velocities and poses.
+    from app.narrowphase import find_contacts
 
     sim.load(_small_pile("vla"))
+    for _ in range(300):  # landed: many lists with several records, and a previous generation to warm-start from
+        sim.step()
+    sim.contacts.flip()
+    sim.grid.build(sim.model, sim.state)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    st = sim.state
+    fields = (st.body_pos, st.body_quat, st.body_vel, st.body_omega)
+    state0 = [f.to_numpy() for f in fields]
     lists = sim.contacts.lists
-    rng = np.random.default_rng(11)
-    lengths = np.zeros(lists.num_arrays, np.int64)
-    lengths[:9] = [0, 1, 2, 5, 13, 31, 32, 33, 70]
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    total = int(offsets[-1])
-    other = rng.integers(-3, 12, total).astype(np.int32)  # few bodies: many equal keys
-    feature = rng.integers(0, 4, total).astype(np.int32) * 57
-    values = {"point": rng.normal(size=(total, 3)).astype(np.float32), "normal": rng.normal(size=(total, 3)).astype(np.float32),
-              "depth": np.arange(total, dtype=np.float32), "other": other, "feature": feature,
-              "impulse_n": rng.normal(size=total).astype(np.float32),
-              "impulse_t": rng.normal(size=(total, 3)).astype(np.float32),
-              "impulse_p": rng.normal(size=total).astype(np.float32), "bias": rng.normal(size=total).astype(np.float32)}
-    lists.from_csr(offsets, values)
-    sort_lists(lists, 9)
-    got_off, got = lists.to_csr()
-    assert np.array_equal(got_off, offsets)
-    for i in range(9):
-        a, b = offsets[i], offsets[i + 1]
-        perm = np.lexsort((np.arange(b - a), feature[a:b], other[a:b]))  # by other, feature, then original index
-        for name, arr in values.items():
-            assert np.array_equal(got[name][a:b], arr[a:b][perm]), (i, name)
+    offsets, values = lists.to_csr()
+
+    def solve():
+        for f, a in zip(fields, state0):
+            f.from_numpy(a)
+        sim.solver.step(st, st, sim.contacts, sim.grid.body_order, sim.dt, sim.step_count, sim.health)
+        return [f.to_numpy() for f in fields]
+
+    first = solve()
+    rng = np.random.default_rng(3)
+    perm = np.arange(int(offsets[-1]))
+    permuted = 0
+    for i in range(lists.num_arrays):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        if b - a > 1:
+            perm[a:b] = a + rng.permutation(b - a)[::-1]
+            permuted += int((perm[a:b] != np.arange(a, b)).any())
+    assert permuted > sim.body_count // 2, "the pile must have many lists of several contacts"
+    lists.from_csr(offsets, {name: arr[perm] for name, arr in values.items()})
+    second = solve()
+    for name, x, y in zip(("position", "orientation", "velocity", "angular velocity"), first, second):
+        assert np.array_equal(x, y), name
+    assert np.abs(first[2] - state0[2]).max() > 1e-3  # the step did something
     sim.load(_small_pile("vla"))
 
 
