@@ -366,7 +366,7 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     # the pairs VLA emptied and trimmed, every pair beyond a list's 2 inline slots is pending: the contacts
     # must be the same set as with room for all.
     pile = _small_pile("vla")
-    sim.load(scene_from_dict({**pile.raw, "bodies": [{**pile.raw["bodies"][0], "count": 110, "max": [0.55, 3.0, 0.55]}]}))
+    sim.load(scene_from_dict({**pile.raw, "bodies": [{**pile.raw["bodies"][0], "count": 130, "max": [0.55, 3.0, 0.55]}]}))
     for _ in range(400):  # landed, three layers deep: lists of every class beyond their 2 inline slots
         sim.step()
 
