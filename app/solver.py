@@ -207,7 +207,7 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
     members only: the rest of a record is read-only here)."""
     dst = 1 - src
     slop = model.slop[None]
-    beta = model.position_correction[None]
+    beta_per_dt = model.position_correction[None] / dt
     for t in range(model.body_count[None]):
         i = order[t]
         li = base + i
@@ -252,40 +252,43 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 k_i = split_i * (inv_m + rin.dot(sym_mul(Id, Io, rin)))
                 k_j = split_j * (inv_mj + rjn.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjn)))
                 kn = k_i + k_j
+                inv_kn = 1.0 / kn  # (one division for the normal and the split impulse)
                 vrel = (v + w.cross(ri)) - (mj.v + mj.w.cross(rj))
                 vn = vrel.dot(n)
                 jn_old = rec.impulse_n
-                jn = ti.max(jn_old + (rec.bias - vn) / kn, 0.0)
+                jn = ti.max(jn_old + (rec.bias - vn) * inv_kn, 0.0)
                 # friction: drive the tangential slip to zero, inside the Coulomb cone
                 vt = vrel - vn * n
                 jt_old = rec.impulse_t
                 jt = jt_old
-                vt_len = vt.norm()
-                if vt_len > 1e-9:
-                    tdir = vt / vt_len
+                vt_len2 = vt.dot(vt)
+                if vt_len2 > 1e-18:
+                    tdir = vt * ti.rsqrt(vt_len2)
                     rit = ri.cross(tdir)
                     rjt = rj.cross(tdir)
                     kt = split_i * (inv_m + rit.dot(sym_mul(Id, Io, rit))) + \
                         split_j * (inv_mj + rjt.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjt)))
-                    jt = jt_old - vt / kt
-                jt_len = jt.norm()
+                    jt = jt_old - vt * (1.0 / kt)
+                jt_len2 = jt.dot(jt)
                 jt_max = mu * jn
-                if jt_len > jt_max:
-                    jt = jt * (jt_max / jt_len)
+                if jt_len2 > jt_max * jt_max:
+                    jt = jt * (jt_max * ti.rsqrt(jt_len2))
                 # split impulse: pseudo velocities remove (depth - slop), never feed back into v
                 vpn = ((pv + pw.cross(ri)) - (mj.pv + mj.pw.cross(rj))).dot(n)
-                target_p = beta * ti.max(rec.depth - slop, 0.0) / dt
+                target_p = beta_per_dt * ti.max(rec.depth - slop, 0.0)
                 jp_old = rec.impulse_p
-                jp = ti.max(jp_old + (target_p - vpn) / kn, 0.0)
+                jp = ti.max(jp_old + (target_p - vpn) * inv_kn, 0.0)
                 lists.set_member(li, k, "impulse_n", jn)
                 lists.set_member(li, k, "impulse_t", jt)
                 lists.set_member(li, k, "impulse_p", jp)
-                dP = (jn - jn_old) * n + (jt - jt_old)
-                P_sum += fixed(dP, scale)
-                L_sum += fixed(ri.cross(dP), scale)
-                dPp = (jp - jp_old) * n
-                Pp_sum += fixed(dPp, scale)
-                Lp_sum += fixed(ri.cross(dPp), scale)
+                djn = jn - jn_old
+                djt = jt - jt_old
+                djp = jp - jp_old
+                # (r x n is rin: the normal parts' torques need no cross product of their own)
+                P_sum += fixed(djn * n + djt, scale)
+                L_sum += fixed(djn * rin + ri.cross(djt), scale)
+                Pp_sum += fixed(djp * n, scale)
+                Lp_sum += fixed(djp * rin, scale)
             v = v + inv_m * unfixed(P_sum, scale)
             w = w + sym_mul(Id, Io, unfixed(L_sum, scale))
             pv = pv + inv_m * unfixed(Pp_sum, scale)
