@@ -73,9 +73,13 @@ def _material_of_other(model: ti.template(), other):
 # Sums over a contact list in fixed point, so that they do not depend on the order of the list. Threads
 # append contacts in whatever order they race, and a float sum's rounding depends on its order; an integer
 # sum does not. So the motion is bit-identical whichever order the appends took, on any backend and with any
-# storage, without sorting the lists (a sort took ~3.5 of prepare's 4.3 ms on a landed 1M pile, H200).
+# storage, without sorting the lists (an insertion sort per list, in a loop of its own, took 3.46 ms of a
+# landed pile_1m step on the H200; prepare without it 2.3 ms).
 # Each body sums its impulses scaled by FIXED_ONE * inverse mass, i.e. its velocity changes in units of
-# 2^-32 m/s (angular: the same scale on r x P): the quantum is 2.3e-10 m/s per term, the range 2^31 m/s.
+# 2^-32 m/s (angular: the same scale on r x P): the quantum is 2.3e-10 m/s per term, the range 2^31 m/s
+# (the health check stops a run at sim.max_speed long before). A NaN would become some integer in the cast
+# (0 on CUDA), so each sum keeps a float sentinel of its terms: nan_sentinel() turns it into a NaN velocity
+# that the health check reports, as a float sum would have.
 FIXED_ONE = 2.0 ** 32
 ivec3 = ti.types.vector(3, ti.i64)
 
@@ -90,6 +94,13 @@ def fixed(x, scale):
 def unfixed(a, scale):
     """Back from fixed(): the f32 vec3 a / scale (scale > 0)."""
     return ti.cast(a, ti.f32) / scale
+
+
+@ti.func
+def nan_sentinel(check):
+    """0 for a finite check sum, NaN for a NaN or infinite one: added to a velocity, it lets a non-finite
+    impulse reach the health check through the fixed-point sums (which would have hidden it)."""
+    return check - check
 
 
 @ti.func
@@ -148,6 +159,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         scale = fixed_scale(inv_m)
         P_sum = ivec3(0)
         L_sum = ivec3(0)
+        check = 0.0
         counted = 0
         for k in range(n):
             rec = lists.get(li, k)
@@ -191,10 +203,12 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             lists.set_member(li, k, "impulse_p", rec.impulse_p)
             lists.set_member(li, k, "bias", bias)
             P = rec.impulse_n * rec.normal + rec.impulse_t
+            L = ri.cross(P)
             P_sum += fixed(P, scale)
-            L_sum += fixed(ri.cross(P), scale)
+            L_sum += fixed(L, scale)
+            check += P.sum() + L.sum()
         ti.atomic_add(contacts.contact_total[None], counted)
-        solver.motion[0, i] = Motion(v=vi + inv_m * unfixed(P_sum, scale),
+        solver.motion[0, i] = Motion(v=vi + inv_m * unfixed(P_sum, scale) + nan_sentinel(check),
                                      w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale)),
                                      pv=vec3(0.0), pw=vec3(0.0))
 
@@ -229,6 +243,7 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
             L_sum = ivec3(0)
             Pp_sum = ivec3(0)
             Lp_sum = ivec3(0)
+            check = 0.0
             for k in range(n_i):
                 rec = lists.get(li, k)
                 j = rec.other
@@ -285,11 +300,14 @@ def kernel_solve_iteration(model: ti.template(), lists: ti.template(), base: ti.
                 djt = jt - jt_old
                 djp = jp - jp_old
                 # (r x n is rin: the normal parts' torques need no cross product of their own)
-                P_sum += fixed(djn * n + djt, scale)
-                L_sum += fixed(djn * rin + ri.cross(djt), scale)
+                dP = djn * n + djt
+                dL = djn * rin + ri.cross(djt)
+                P_sum += fixed(dP, scale)
+                L_sum += fixed(dL, scale)
                 Pp_sum += fixed(djp * n, scale)
                 Lp_sum += fixed(djp * rin, scale)
-            v = v + inv_m * unfixed(P_sum, scale)
+                check += dP.sum() + dL.sum() + djp
+            v = v + inv_m * unfixed(P_sum, scale) + nan_sentinel(check)
             w = w + sym_mul(Id, Io, unfixed(L_sum, scale))
             pv = pv + inv_m * unfixed(Pp_sum, scale)
             pw = pw + sym_mul(Id, Io, unfixed(Lp_sum, scale))

@@ -157,6 +157,33 @@ def test_explosion_is_detected_with_body_and_step(sim):
     assert ei.value.exit_code == 1 and isinstance(ei.value, UserError)
 
 
+def test_nan_contact_is_reported_through_fixed_point_sums(sim):
+    # The solver sums impulses as integers (app.solver.FIXED_ONE), where a NaN would become some number (0 on
+    # CUDA, the most negative integer on x86: a huge but finite speed). A contact with a NaN normal must still
+    # reach the health check as a NaN (error kind 1), naming the body, as a float sum would have.
+    from app.narrowphase import find_contacts
+    from app.sim import SimulationError
+
+    scene = scene_from_dict({"name": "nan", "sim": {"max_speed": 50.0}, "materials": {"m": {}},
+                             "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
+                             "bodies": [{"shape": "sphere", "radius": 0.1, "position": [0, 0.099, 0], "material": "m"}]})
+    sim.load(scene)
+    sim.step()
+    sim.contacts.flip()
+    sim.grid.build(sim.model, sim.state)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    lists = sim.contacts.lists
+    offsets, values = lists.to_csr()
+    first = int(offsets[sim.contacts.base])
+    assert offsets[sim.contacts.base + 1] - first == 1  # the sphere's one plane contact
+    values["normal"][first] = np.nan
+    lists.from_csr(offsets, values)
+    sim.solver.step(sim.state, sim.state, sim.contacts, sim.grid.body_order, sim.dt, sim.step_count, sim.health)
+    with pytest.raises(SimulationError) as ei:
+        sim.check()
+    assert "a NaN" in str(ei.value) and "body 0" in str(ei.value)
+
+
 # ------------------------------------------------------------------------------------ shipped scenes
 def _peak_after_first_bounce(y):
     lo = int(np.argmin(y[: len(y) // 2]))
