@@ -191,7 +191,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ stepping
     def step(self):
-        """Advance one dt: 15 kernel launches (10 of them solver iterations) and three host syncs, one commit
+        """Advance one dt: 7 kernel launches (two of them 5 solver iterations each) and three host syncs, one commit
         per VLA (grid cells, candidate pairs, contacts). A launch is the unit of host cost here, so kernels
         that can share one do."""
         self.contacts.flip()
