@@ -178,6 +178,23 @@ def test_batched_iterations_match_one_per_launch(sim, monkeypatch):
     sim.load(_small_pile("vla"))
 
 
+def test_sim_bench_repeats_take_turns_and_report_medians():
+    # bench sim --repeats: storages alternate going first, and each case reports its median run with the range.
+    from bench.sim_bench import _schedule, summarize
+
+    order = [(rep, s) for rep, s, _ in _schedule([("vla", ()), ("padded", ()), ("dynamic", ())], 3)]
+    assert order == [(0, "vla"), (0, "padded"), (0, "dynamic"), (1, "padded"), (1, "dynamic"), (1, "vla"),
+                     (2, "dynamic"), (2, "vla"), (2, "padded")]
+    runs = [{"scene": "p", "storage": st, "ms_per_step": ms, "repeat": i}
+            for i, (st, ms) in enumerate([("vla", 3.4), ("padded", 4.2), ("vla", 3.9), ("padded", 3.8),
+                                          ("vla", 3.3), ("padded", 4.1), ("vla", 3.5), ("padded", 9.0)])]
+    runs.append({"scene": "q", "storage": "dynamic", "error": "exit code -6"})
+    by = {(r["scene"], r["storage"]): r for r in summarize(runs)}
+    assert (by["p", "vla"]["ms_per_step"], by["p", "vla"]["ms_min"], by["p", "vla"]["ms_max"]) == (3.4, 3.3, 3.9)
+    assert by["p", "padded"]["ms_per_step"] == 4.1 and by["p", "padded"]["repeats"] == 4  # lower middle of 4
+    assert "error" in by["q", "dynamic"]
+
+
 def test_nan_contact_is_reported_through_fixed_point_sums(sim):
     # The solver sums impulses as integers (app.solver.FIXED_ONE), where a NaN would become some number (0 on
     # CUDA, the most negative integer on x86: a huge but finite speed). A contact with a NaN normal must still
