@@ -76,12 +76,17 @@ def _material_of_other(model: ti.template(), other):
 # storage, without sorting the lists (an insertion sort per list, in a loop of its own, took 3.46 ms of a
 # landed pile_1m step on the H200; prepare without it 2.3 ms).
 # Each body sums its impulses scaled by FIXED_ONE * inverse mass, i.e. its velocity changes in units of
-# 2^-32 m/s (angular: the same scale on r x P): the quantum is 2.3e-10 m/s per term, the range 2^31 m/s
-# (the health check stops a run at sim.max_speed long before). A NaN would become some integer in the cast
-# (0 on CUDA), so each sum keeps a float sentinel of its terms: nan_sentinel() turns it into a NaN velocity
-# that the health check reports, as a float sum would have.
+# 2^-32 m/s, and its torques r x P scaled by FIXED_ONE * the largest diagonal element of its world inverse
+# inertia, i.e. angular velocity changes in units of about 2^-32 rad/s whatever the body's size (with the mass
+# scale, a 1 mm sphere's quantum would be 6e-4 rad/s). Each term is truncated: a bias below one quantum per
+# term. Range: 2^31 m/s (rad/s) per term and per sum; a larger term converts to the saturated or most negative
+# integer, a speed the health check reports. A NaN or infinite term would become some integer (0 on CUDA),
+# so each body also keeps a float check sum of its terms, tested on its bits (flag_non_finite): under fast
+# math (Taichi's default) the compiler may assume floats are finite and fold a float test such as x != x.
 FIXED_ONE = 2.0 ** 32
 ivec3 = ti.types.vector(3, ti.i64)
+# A speed the health check reports as non-finite (it treats |v| >= 1e30 as NaN or infinity).
+NON_FINITE_SPEED = 1e35
 
 
 @ti.func
@@ -97,16 +102,32 @@ def unfixed(a, scale):
 
 
 @ti.func
-def nan_sentinel(check):
-    """0 for a finite check sum, NaN for a NaN or infinite one: added to a velocity, it lets a non-finite
-    impulse reach the health check through the fixed-point sums (which would have hidden it)."""
-    return check - check
+def non_finite(x):
+    """x (f32) is NaN or infinite, decided on its exponent bits, which fast math cannot assume away."""
+    return (ti.bit_cast(x, ti.u32) & ti.u32(0x7F800000)) == ti.u32(0x7F800000)
 
 
 @ti.func
-def fixed_scale(inv_mass):
-    """A body's fixed-point scale (see FIXED_ONE); 1 for a fixed body, whose sums are multiplied by 0."""
-    return ti.select(inv_mass > 0.0, FIXED_ONE * inv_mass, 1.0)
+def flag_non_finite(v, check):
+    """v, or a velocity the health check reports as non-finite if the check sum of the terms behind v is NaN
+    or infinite: a non-finite impulse reaches the health check through the fixed-point sums (which would
+    have hidden it), as it would through a float sum."""
+    out = v
+    if non_finite(check):
+        out = vec3(NON_FINITE_SPEED)
+    return out
+
+
+@ti.func
+def fixed_scale(inv):
+    """Fixed-point scale for a body's sums (see FIXED_ONE) from its inverse mass (linear) or the largest
+    diagonal element of its inverse inertia (angular); 1 for a fixed body, whose sums are multiplied by 0."""
+    return ti.select(inv > 0.0, FIXED_ONE * inv, 1.0)
+
+
+@ti.func
+def angular_scale(inv_inertia_d):
+    return fixed_scale(ti.max(inv_inertia_d[0], ti.max(inv_inertia_d[1], inv_inertia_d[2])))
 
 
 @ti.func
@@ -157,6 +178,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         lp = prev_base + i
         n_prev = lists.length(lp)
         scale = fixed_scale(inv_m)
+        scale_w = angular_scale(bi.inv_inertia_d)
         P_sum = ivec3(0)
         L_sum = ivec3(0)
         check = 0.0
@@ -169,7 +191,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             rec.impulse_n = 0.0
             rec.impulse_t = vec3(0.0)
             rec.impulse_p = 0.0
-            p = _find_key(lists, lp, n_prev, rec.other, rec.feature)
+            p = -1
+            if inv_m > 0.0:  # (a fixed body's impulses are never solved: no O(n^2) key scan for it)
+                p = _find_key(lists, lp, n_prev, rec.other, rec.feature)
             if p >= 0:
                 rec.impulse_n = warm * lists.get_member(lp, p, "impulse_n")
                 # the tangent plane turned a little since last step: keep the in-plane part
@@ -205,18 +229,19 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             P = rec.impulse_n * rec.normal + rec.impulse_t
             L = ri.cross(P)
             P_sum += fixed(P, scale)
-            L_sum += fixed(L, scale)
+            L_sum += fixed(L, scale_w)
             check += P.sum() + L.sum()
         ti.atomic_add(contacts.contact_total[None], counted)
-        solver.motion[0, i] = Motion(v=vi + inv_m * unfixed(P_sum, scale) + nan_sentinel(check),
-                                     w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale)),
+        solver.motion[0, i] = Motion(v=flag_non_finite(vi + inv_m * unfixed(P_sum, scale), check),
+                                     w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale_w)),
                                      pv=vec3(0.0), pw=vec3(0.0))
 
 
 # Jacobi iterations per kernel launch, unrolled at compile time. Taichi runs a kernel's top-level loops one
 # after the other, each finished everywhere before the next starts, which is all an iteration needs of the
 # one before it; and a launch costs the host more than a small scene's iteration costs the device (CPU,
-# 3-body scene: 2.6 -> 1.5 ms per step with 10 iterations in two launches instead of ten). Iterations beyond
+# 3-body bounce scene, Simulation.step in a loop: 1.97 -> 1.50 ms per step with 10 iterations in two launches
+# instead of ten). Iterations beyond
 # a multiple of the batch run one per launch, so any iteration count (the viewer's slider) uses the same
 # two compiled kernels.
 ITERATION_BATCH = 5
@@ -258,6 +283,7 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
             xi = bi.pos
             split_i = bi.split
             scale = fixed_scale(inv_m)
+            scale_w = angular_scale(Id)
             P_sum = ivec3(0)
             L_sum = ivec3(0)
             Pp_sum = ivec3(0)
@@ -322,14 +348,14 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
                 dP = djn * n + djt
                 dL = djn * rin + ri.cross(djt)
                 P_sum += fixed(dP, scale)
-                L_sum += fixed(dL, scale)
+                L_sum += fixed(dL, scale_w)
                 Pp_sum += fixed(djp * n, scale)
-                Lp_sum += fixed(djp * rin, scale)
+                Lp_sum += fixed(djp * rin, scale_w)
                 check += dP.sum() + dL.sum() + djp
-            v = v + inv_m * unfixed(P_sum, scale) + nan_sentinel(check)
-            w = w + sym_mul(Id, Io, unfixed(L_sum, scale))
+            v = flag_non_finite(v + inv_m * unfixed(P_sum, scale), check)
+            w = w + sym_mul(Id, Io, unfixed(L_sum, scale_w))
             pv = pv + inv_m * unfixed(Pp_sum, scale)
-            pw = pw + sym_mul(Id, Io, unfixed(Lp_sum, scale))
+            pw = pw + sym_mul(Id, Io, unfixed(Lp_sum, scale_w))
         solver.motion[dst, i] = Motion(v=v, w=w, pv=pv, pw=pw)
 
 
@@ -338,8 +364,9 @@ class JacobiSolver:
     """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, order, dt)`.
 
     motion: Motion (v, w, pv, pw: vec3 f32) field of shape (2, body_capacity): ping-pong buffers of velocity
-        (m/s, rad/s) and split-impulse pseudo velocity; the buffer index is a runtime argument, so both
-        directions share one compiled kernel. One record per body: a contact gathers the other body's four
+        (m/s, rad/s) and split-impulse pseudo velocity; the starting buffer index is a runtime argument, so
+        any iteration count runs on the same two compiled kernels (ITERATION_BATCH iterations, and one). One
+        record per body: a contact gathers the other body's four
         vectors from one place.
     body: SolverBody (body_capacity,): position, inverse mass, world-frame inverse inertia, contact count and
         friction of each body at the start of the step (kernel_prepare).
