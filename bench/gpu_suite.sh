@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU figure in docs/benchmarks.md comes from this one script, run on the H200 machine:
+# The full GPU suite in one command, run on the H200 machine:
 #   bash bench/gpu_suite.sh OUT_DIR
+# (docs/benchmarks.md names the command behind each table; later sessions ran single benches.)
 # Each step is time-boxed so one slow step cannot take the others down.
 out=${1:?usage: bench/gpu_suite.sh OUT_DIR}
 mkdir -p "$out"
@@ -11,7 +12,7 @@ SMOLVLA_TEST_ARCH=cuda timeout 130 python -m pytest tests/test_vla.py -q -x -p n
 echo "== bench vla"
 timeout 200 python run.py bench vla --arch cuda --dists heavy,uniform1024 --repeats 10 --kernel-times --out "$out" 2>&1 | grep -v Warning | tail -12
 echo "== bench sim"
-timeout 260 python run.py bench sim --arch cuda --warmup 200 --steps 50 --out "$out" 2>&1 | tail -12
+timeout 420 python run.py bench sim --arch cuda --steps 100 --storages vla,padded --repeats 2 --out "$out" 2>&1 | tail -12
 echo "== bench viewer"
 timeout 70 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml --frames 60 --warmup 10 --out "$out" 2>&1 | tail -8
 echo "== bench batch"
