@@ -241,9 +241,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 # after the other, each finished everywhere before the next starts, which is all an iteration needs of the
 # one before it; and a launch costs the host more than a small scene's iteration costs the device (CPU,
 # 3-body bounce scene, Simulation.step in a loop: 1.97 -> 1.50 ms per step with 10 iterations in two launches
-# instead of ten). Iterations beyond
-# a multiple of the batch run one per launch, so any iteration count (the viewer's slider) uses the same
-# two compiled kernels.
+# instead of ten). Iterations beyond a multiple of the batch run one per launch, so any iteration count (the
+# viewer's slider) uses the same two compiled kernels.
 ITERATION_BATCH = 5
 
 
