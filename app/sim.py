@@ -191,8 +191,9 @@ class Simulation:
 
     # ------------------------------------------------------------------ stepping
     def step(self):
-        """Advance one dt: 7 kernel launches (two of them 5 solver iterations each) and three host syncs, one commit
-        per VLA (grid cells, candidate pairs, contacts). A launch is the unit of host cost here, so kernels
+        """Advance one dt: 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them
+        per launch, see app.solver) and three host syncs, one commit per VLA (grid cells, candidate pairs,
+        contacts). A launch is the unit of host cost here, so kernels
         that can share one do."""
         self.contacts.flip()
         self.grid.build(self.model, self.state)
