@@ -130,13 +130,37 @@ def angular_scale(inv_inertia_d):
     return fixed_scale(ti.max(inv_inertia_d[0], ti.max(inv_inertia_d[1], inv_inertia_d[2])))
 
 
+# Warm-start keys of last step's list held in registers: each record of this step's list is matched against
+# them without loads, instead of scanning the list in memory (2 loads per key per record: O(n^2) scattered
+# loads per body). Most lists are shorter; longer ones scan the rest in memory.
+KEY_CACHE = 8
+ikeys = ti.types.vector(KEY_CACHE, ti.i32)
+
+
 @ti.func
-def _find_key(lists: ti.template(), li, n, other, feature):
-    """Index of the first record of list li (length n) with key (other, feature), or -1. A scan without a
-    break: the loads of the keys do not wait on one another."""
+def _cached_keys(lists: ti.template(), lp, n_prev):
+    """(other, feature) of the first KEY_CACHE records of list lp (length n_prev) as two register vectors;
+    slots past n_prev are never matched (_find_key checks q < n_prev)."""
+    ko = ikeys(0)
+    kf = ikeys(0)
+    for q in ti.static(range(KEY_CACHE)):
+        if q < n_prev:
+            ko[q] = lists.get_member(lp, q, "other")
+            kf[q] = lists.get_member(lp, q, "feature")
+    return ko, kf
+
+
+@ti.func
+def _find_key(lists: ti.template(), lp, n_prev, ko, kf, other, feature):
+    """Index of the first record of list lp (length n_prev) with key (other, feature), or -1; ko, kf: its
+    first keys (_cached_keys). No break: the compares (and the loads past the cache) do not wait on one
+    another."""
     found = -1
-    for q in range(n):
-        hit = lists.get_member(li, q, "other") == other and lists.get_member(li, q, "feature") == feature
+    for q in ti.static(range(KEY_CACHE)):
+        hit = q < n_prev and ko[q] == other and kf[q] == feature
+        found = ti.select(found < 0 and hit, q, found)
+    for q in range(KEY_CACHE, n_prev):
+        hit = lists.get_member(lp, q, "other") == other and lists.get_member(lp, q, "feature") == feature
         found = ti.select(found < 0 and hit, q, found)
     return found
 
@@ -177,6 +201,10 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         mi = model.body_material[i]
         lp = prev_base + i
         n_prev = lists.length(lp)
+        ko = ikeys(0)
+        kf = ikeys(0)
+        if inv_m > 0.0:  # (a fixed body's impulses are never solved: no key search for it)
+            ko, kf = _cached_keys(lists, lp, n_prev)
         scale = fixed_scale(inv_m)
         scale_w = angular_scale(bi.inv_inertia_d)
         P_sum = ivec3(0)
@@ -192,8 +220,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             rec.impulse_t = vec3(0.0)
             rec.impulse_p = 0.0
             p = -1
-            if inv_m > 0.0:  # (a fixed body's impulses are never solved: no O(n^2) key scan for it)
-                p = _find_key(lists, lp, n_prev, rec.other, rec.feature)
+            if inv_m > 0.0:
+                p = _find_key(lists, lp, n_prev, ko, kf, rec.other, rec.feature)
             if p >= 0:
                 rec.impulse_n = warm * lists.get_member(lp, p, "impulse_n")
                 # the tangent plane turned a little since last step: keep the in-plane part

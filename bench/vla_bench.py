@@ -57,14 +57,24 @@ class PaddedArrays:
 
     @ti.func
     def reduce(self, i, f: ti.template(), init):
-        # The same 16-wide unrolled loads as VLA.reduce, so the comparison is like for like.
+        # Unrolled like VLA.reduce (32, then 16 loads in flight), and the last group's 8 loads issued at once
+        # (inside the row, used only below n): the padded array's best form of this loop, so that no ratio
+        # against it flatters the VLA (H200: 0.111 -> 0.093 ms, now on a par with its get() loop).
         n = self.length(i)
         acc = init
-        for g in range(n >> 4):
+        for g in range(n >> 5):
+            for j in ti.static(range(32)):
+                acc = f(acc, self.data[i, g * 32 + j])
+        done = n & ~31
+        for g in range((n - done) >> 4):
             for j in ti.static(range(16)):
-                acc = f(acc, self.data[i, g * 16 + j])
-        for k in range(n & ~15, n):
-            acc = f(acc, self.data[i, k])
+                acc = f(acc, self.data[i, done + g * 16 + j])
+        done = n & ~15
+        for g in range((n - done + 7) >> 3):   # (max_len is a multiple of 8: the group stays in the row)
+            for j in ti.static(range(8)):
+                x = self.data[i, done + g * 8 + j]
+                if done + g * 8 + j < n:
+                    acc = f(acc, x)
         return acc
 
     def reserved_bytes(self):

@@ -482,6 +482,47 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
     sim.load(_small_pile("vla"))
 
 
+def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_key(sim):
+    # kernel_prepare matches each record of this step's list to last step's record of the same (other body,
+    # feature), the first KEY_CACHE keys from registers and the rest scanned in memory. Reference: a dict per
+    # body in plain Python; lists longer than the cache must be among those checked.
+    from app.narrowphase import find_contacts
+    from app.solver import KEY_CACHE, kernel_prepare
+
+    # a 3 x 2 x 3 block of touching boxes on a floor: a box in the middle has up to 4 points with each of its
+    # neighbours and so lists of ~20 records, beside the pile's short ones
+    block = {"generate": "grid", "shape": "box", "half_extents": [0.05, 0.05, 0.05], "count": [3, 2, 3],
+             "origin": [-0.1, 0.05, -0.1], "spacing": 0.1, "material": "a"}
+    pile = _small_pile("vla")
+    sim.load(scene_from_dict({**pile.raw, "bodies": pile.raw["bodies"] + [block]}))
+    for _ in range(300):
+        sim.step()
+    sim.contacts.flip()
+    sim.grid.build(sim.model, sim.state)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    lists, c = sim.contacts.lists, sim.contacts
+    offsets, prev = lists.to_csr()
+    kernel_prepare(sim.model, sim.state, lists, c.base, c.prev_base, sim.solver, c, sim.grid.body_order, sim.dt)
+    _, cur = lists.to_csr()
+    warm = float(sim.model.warm_start[None])
+    inv_mass = sim.model.body_inv_mass.to_numpy()
+    checked_beyond_cache = 0
+    for i in range(sim.body_count):
+        if inv_mass[i] == 0.0:
+            continue
+        a, b = int(offsets[c.prev_base + i]), int(offsets[c.prev_base + i + 1])
+        last = {}
+        for q in range(a, b):
+            last.setdefault((int(prev["other"][q]), int(prev["feature"][q])), (q - a, float(prev["impulse_n"][q])))
+        for r in range(int(offsets[c.base + i]), int(offsets[c.base + i + 1])):
+            q, jn = last.get((int(cur["other"][r]), int(cur["feature"][r])), (-1, 0.0))
+            assert cur["impulse_n"][r] == np.float32(warm * jn), (i, r)
+            checked_beyond_cache += q >= KEY_CACHE
+    assert checked_beyond_cache > 0, "no warm-start partner sat past the register cache: the test needs longer lists"
+    assert (cur["impulse_n"] > 0).sum() > sim.body_count  # many contacts were warm-started
+    sim.load(_small_pile("vla"))
+
+
 def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
     # SolverBody keeps the world inverse inertia R diag(I^-1) R^T as 6 numbers: sym_mul(sym_pack(M), x) must
     # equal M @ x for the matrices world_inv_inertia builds (random orientations and box inertias).
