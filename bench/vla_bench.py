@@ -28,6 +28,8 @@ class PaddedArrays:
     are counted in ``overflow`` (never silently)."""
 
     def __init__(self, num_arrays, max_len, dtype=ti.i32):
+        if max_len % 8:
+            raise ValueError(f"PaddedArrays max_len must be a multiple of 8 (reduce() reads 8 at a time), got {max_len}")
         self.num_arrays, self.max_len = num_arrays, max_len
         self.data = ti.field(dtype, shape=(num_arrays, max_len))
         self.count = ti.field(ti.i32, shape=num_arrays)
