@@ -42,6 +42,18 @@ ContactRecord = ti.types.struct(point=vec3, normal=vec3, depth=ti.f32, other=ti.
 CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1)
 
 
+def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,
+                    element_bytes: int = CONTACT_RECORD_BYTES) -> float:
+    """GB of Taichi's preallocated sparse-data pool (ti.init's ``device_memory_GB``, CUDA) that
+    ``num_arrays`` dynamic lists of at most ``max_length`` elements may need: every list full (chunk-rounded),
+    doubled for the allocator's own bookkeeping and granularity, plus Taichi's default 1 GB. The dynamic
+    SNode's chunks come from that pool, which does not grow: when it runs dry the device asserts (pile_1m
+    with the default 1 GB, H200). The bound is generous because it is taken up front and an undersized pool
+    is a crash, not a slowdown."""
+    full = int(num_arrays) * (-(-int(max_length) // int(chunk_size)) * int(chunk_size)) * int(element_bytes)
+    return 1.0 + 2.0 * full / 2**30
+
+
 def _dtype_bytes(dtype) -> int:
     if dtype is ContactRecord:
         return CONTACT_RECORD_BYTES
@@ -144,6 +156,7 @@ class DynamicLists(_CountedLists):
     def __init__(self, num_arrays: int, dtype, max_length: int, chunk_size: int = 8, name="dynamic"):
         self.chunk_size = int(chunk_size)
         self._init_counters(num_arrays, dtype, max_length, name)
+        _check_sparse_pool(self.num_arrays, self.max_length, self.chunk_size, self.element_bytes)
         self.data = dtype.field() if dtype is ContactRecord else ti.field(dtype)
         self.block = ti.root.dense(ti.i, self.num_arrays).dynamic(ti.j, self.max_length, chunk_size=self.chunk_size)
         self.block.place(self.data)
@@ -168,6 +181,43 @@ class DynamicLists(_CountedLists):
                 + 8 * self.num_arrays,  # + our counter + the SNode's per-list chunk pointer/length
                 "reserved_bytes_note": "estimate: chunks needed by the current lengths",
                 "max_length": self.max_length, "chunk_size": self.chunk_size, "overflow_total": self.overflowed()}
+
+
+def sparse_pool_problem(num_arrays, max_length, chunk_size, element_bytes, pool_gb) -> str | None:
+    """Why a sparse-data pool of pool_gb GB may be too small for these dynamic lists (see dynamic_pool_gb),
+    naming the knob; None if it is large enough."""
+    need = dynamic_pool_gb(num_arrays, max_length, chunk_size, element_bytes)
+    if pool_gb >= need:
+        return None
+    return (f"sim.contacts: dynamic: {num_arrays} lists of up to {max_length} contacts may need {need:.1f} GB of "
+            f"Taichi's sparse-data pool, but Taichi was started with {pool_gb:g} GB (ti.init's "
+            f"device_memory_GB). Start it with device_memory_GB >= {need:.1f} (or set the environment variable "
+            f"TI_DEVICE_MEMORY_GB={need:.1f}); run.py does this itself when it starts Taichi for a dynamic scene.")
+
+
+def _check_sparse_pool(num_arrays, max_length, chunk_size, element_bytes):
+    """Raise UserError if Taichi's sparse-data pool (CUDA) may be too small for these dynamic lists: better
+    than the device-side assert that its exhaustion gives, thousands of steps later."""
+    from taichi.lang import impl
+
+    from app.errors import UserError
+
+    cfg = impl.current_cfg()
+    if cfg.arch != ti.cuda or cfg.device_memory_fraction > 0:  # CPU: host memory; a fraction: the user sized it
+        return
+    problem = sparse_pool_problem(num_arrays, max_length, chunk_size, element_bytes, cfg.device_memory_GB)
+    if problem:
+        raise UserError(problem)
+
+
+def taichi_pool_gb(scene) -> float | None:
+    """device_memory_GB for ti.init to run `scene` (app.scene.Scene) on CUDA: dynamic_pool_gb of its contact
+    lists when it uses ``contacts: dynamic``, else None (Taichi's default)."""
+    if scene.sim["contacts"] != "dynamic":
+        return None
+    from app.sim import _round_capacity
+
+    return dynamic_pool_gb(2 * _round_capacity(scene.body_count), scene.sim["padded_capacity"])
 
 
 @ti.kernel

@@ -38,9 +38,10 @@ def _taichi_prog():
     return impl.get_runtime().prog
 
 
-def ensure_taichi(arch: str = "auto", verbose=True) -> str:
+def ensure_taichi(arch: str = "auto", verbose=True, scene=None) -> str:
     """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
-    'cuda'). auto takes CUDA where it exists and says which it took on stderr."""
+    'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,
+    whose contact storage may need a larger sparse-data pool on CUDA (app.contacts.taichi_pool_gb)."""
     import taichi as ti
     from taichi.lang import impl
 
@@ -50,7 +51,11 @@ def ensure_taichi(arch: str = "auto", verbose=True) -> str:
         if arch == "cpu":
             ti.init(arch=ti.cpu, log_level=ti.WARN)
         else:
-            ti.init(arch=ti.cuda, log_level=ti.ERROR)  # falls back to CPU when there is no CUDA device
+            from app.contacts import taichi_pool_gb
+
+            pool = taichi_pool_gb(scene) if scene is not None else None
+            extra = {} if pool is None else {"device_memory_GB": pool}
+            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra)  # falls back to CPU when there is no CUDA device
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
     if arch == "cuda" and used != "cuda":
         raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")
@@ -100,7 +105,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
         raise UserError(f"--frames: expected an integer >= 1, got {frames!r}")
     scene = load_scene(scene_path, overrides)
     want = arch if arch not in (None, "auto") else scene.sim["arch"]
-    used = ensure_taichi(want, verbose=progress)
+    used = ensure_taichi(want, verbose=progress, scene=scene)
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:

@@ -116,10 +116,10 @@ def _fmt_bytes(n) -> str:
     return f"{n:.1f} GiB"
 
 
-def _ensure_taichi(arch, scene_arch="auto"):
+def _ensure_taichi(arch, scene_arch="auto", scene=None):
     from app.headless import ensure_taichi
 
-    return ensure_taichi(arch if arch not in (None, "auto") else scene_arch)
+    return ensure_taichi(arch if arch not in (None, "auto") else scene_arch, scene=scene)
 
 
 def _save_png(path, rgb):
@@ -355,7 +355,7 @@ def main_interactive(args) -> int:
     problem = vulkan_problem()
     if problem:
         raise UserError(problem)
-    _ensure_taichi(getattr(args, "arch", "auto"), scene.sim["arch"])
+    _ensure_taichi(getattr(args, "arch", "auto"), scene.sim["arch"], scene)
     from app.sim import Simulation
 
     # headroom for the "drop N bodies" button: growing past the capacity reallocates every field, which

@@ -9,17 +9,20 @@ import time
 import taichi as ti
 
 
-def init_taichi(arch: str, kernel_profiler: bool = False):
+def init_taichi(arch: str, kernel_profiler: bool = False, device_memory_GB=None):
     """ti.init for 'cpu' | 'cuda' | 'auto'; returns the arch name taken. kernel_profiler: also time every
-    kernel on the device (CUDA events), for kernel_ms()."""
+    kernel on the device (CUDA events), for kernel_ms(). device_memory_GB: Taichi's sparse-data pool on CUDA
+    (None: Taichi's default; see app.contacts.taichi_pool_gb)."""
+    cuda_extra = {} if device_memory_GB is None else {"device_memory_GB": float(device_memory_GB)}
     if arch == "auto":
         try:  # without a CUDA device Taichi falls back to the CPU (or raises, depending on the failure)
-            ti.init(arch=ti.cuda, offline_cache=True, kernel_profiler=kernel_profiler)
+            ti.init(arch=ti.cuda, offline_cache=True, kernel_profiler=kernel_profiler, **cuda_extra)
         except Exception:
             ti.init(arch=ti.cpu, kernel_profiler=kernel_profiler)
         from taichi.lang import impl
         return "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
-    ti.init(arch=getattr(ti, arch), offline_cache=True, kernel_profiler=kernel_profiler)
+    ti.init(arch=getattr(ti, arch), offline_cache=True, kernel_profiler=kernel_profiler,
+            **(cuda_extra if arch == "cuda" else {}))
     return arch
 
 

@@ -47,7 +47,11 @@ def main(argv=None) -> int:
     from app.scene import load_scene
     from app.sim import Simulation
 
-    arch = init_taichi(args.arch, kernel_profiler=True)
+    # the largest sparse-data pool a case needs (a dynamic storage's), set once: ti.init runs once
+    from app.contacts import taichi_pool_gb
+
+    pools = [taichi_pool_gb(load_scene(path, ov)) for _, ov in storages if ov[0] == "sim.contacts=dynamic"]
+    arch = init_taichi(args.arch, kernel_profiler=True, device_memory_GB=max(pools) if pools else None)
     sim = None
     for order, (storage, overrides) in itertools.product(orders, storages):
         scene = load_scene(path, overrides)

@@ -45,7 +45,8 @@ def _landing_steps(scene) -> int:
     return int(math.ceil(t / scene.sim["dt"]))
 
 
-def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True) -> dict:
+def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True, scene=None) -> dict:
+    """One timed run (see the module docstring); scene: the loaded scene, if the caller has it already."""
     import taichi as ti
 
     import gc
@@ -53,7 +54,8 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     from app.scene import load_scene
     from app.sim import Simulation
 
-    scene = load_scene(scene_path, tuple(overrides) + (f"sim.contacts={storage}",))
+    if scene is None:
+        scene = load_scene(scene_path, tuple(overrides) + (f"sim.contacts={storage}",))
     gc.collect()  # the previous run's fields go before this one allocates
     t_build = time.perf_counter()
     # A fresh Simulation, not app.headless.get_simulation's cached one: a simulation sized for an earlier,
@@ -110,9 +112,14 @@ def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch) -> dict:
 def _run_one(job_json: str) -> int:
     from app.headless import ensure_taichi
 
+    from app.scene import load_scene
+
     job = json.loads(job_json)
-    arch = ensure_taichi(job["arch"], verbose=False)
-    r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False)
+    # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.contacts.taichi_pool_gb)
+    scene = load_scene(job["path"], tuple(job["overrides"]) + (f"sim.contacts={job['storage']}",))
+    arch = ensure_taichi(job["arch"], verbose=False, scene=scene)
+    r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False,
+                  scene=scene)
     r["arch"] = arch
     print(json.dumps(r), flush=True)
     return 0

@@ -197,6 +197,25 @@ def test_sim_bench_repeats_take_turns_and_report_medians():
     assert "error" in by["q", "dynamic"]
 
 
+def test_dynamic_storage_sizes_taichis_sparse_pool_or_says_which_knob():
+    # Taichi's dynamic SNode takes its chunks from a pool fixed at ti.init (1 GB by default on CUDA); pile_1m
+    # ran it dry (a device-side assert). run.py now sizes the pool for a dynamic scene, and a Simulation made
+    # under a smaller pool is refused with the knob's name instead of crashing thousands of steps later.
+    from app.contacts import CONTACT_RECORD_BYTES, dynamic_pool_gb, sparse_pool_problem, taichi_pool_gb
+
+    # every list full, chunk-rounded (32 -> 32, 33 -> 40 with chunks of 8), doubled, + Taichi's default 1 GB
+    assert dynamic_pool_gb(2**20, 32, 8, 60) == pytest.approx(1 + 2 * 2**20 * 32 * 60 / 2**30)
+    assert dynamic_pool_gb(1000, 33, 8, 4) == pytest.approx(1 + 2 * 1000 * 40 * 4 / 2**30)
+    assert taichi_pool_gb(_small_pile("vla")) is None and taichi_pool_gb(_small_pile("padded")) is None
+    # 40 bodies -> capacity 64, two generations of lists, padded_capacity 32 records each
+    assert taichi_pool_gb(_small_pile("dynamic")) == pytest.approx(dynamic_pool_gb(128, 32, 8, CONTACT_RECORD_BYTES))
+    need = dynamic_pool_gb(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES)   # pile_1m: ~9 GB
+    assert 8 < need < 10
+    assert sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, need) is None
+    msg = sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, 1.0)
+    assert "sim.contacts" in msg and "device_memory_GB" in msg and f"TI_DEVICE_MEMORY_GB={need:.1f}" in msg
+
+
 def test_nan_contact_is_reported_through_fixed_point_sums():
     # The solver sums impulses as integers (app.solver.FIXED_ONE), where a NaN would become some number (0 on
     # CUDA, the most negative integer on x86: a huge but finite speed). A contact whose normal turns NaN,
