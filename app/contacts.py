@@ -210,14 +210,16 @@ def _check_sparse_pool(num_arrays, max_length, chunk_size, element_bytes):
         raise UserError(problem)
 
 
-def taichi_pool_gb(scene) -> float | None:
+def taichi_pool_gb(scene, capacity: int = 0) -> float | None:
     """device_memory_GB for ti.init to run `scene` (app.scene.Scene) on CUDA: dynamic_pool_gb of its contact
-    lists when it uses ``contacts: dynamic``, else None (Taichi's default)."""
+    lists when it uses ``contacts: dynamic``, else None (Taichi's default). capacity: the body capacity the
+    Simulation will be given, if more than the scene's (the viewer keeps headroom for dropped bodies)."""
     if scene.sim["contacts"] != "dynamic":
         return None
     from app.sim import _round_capacity
 
-    return dynamic_pool_gb(2 * _round_capacity(scene.body_count), scene.sim["padded_capacity"])
+    bodies = max(int(capacity), _round_capacity(scene.body_count))
+    return dynamic_pool_gb(2 * bodies, scene.sim["padded_capacity"])
 
 
 @ti.kernel

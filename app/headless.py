@@ -38,10 +38,11 @@ def _taichi_prog():
     return impl.get_runtime().prog
 
 
-def ensure_taichi(arch: str = "auto", verbose=True, scene=None) -> str:
+def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
     """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
     'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,
-    whose contact storage may need a larger sparse-data pool on CUDA (app.contacts.taichi_pool_gb)."""
+    whose contact storage may need a larger sparse-data pool on CUDA (app.contacts.taichi_pool_gb), and
+    capacity the body capacity its Simulation will get if more than the scene's."""
     import taichi as ti
     from taichi.lang import impl
 
@@ -53,7 +54,7 @@ def ensure_taichi(arch: str = "auto", verbose=True, scene=None) -> str:
         else:
             from app.contacts import taichi_pool_gb
 
-            pool = taichi_pool_gb(scene) if scene is not None else None
+            pool = taichi_pool_gb(scene, capacity) if scene is not None else None
             extra = {} if pool is None else {"device_memory_GB": pool}
             ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra)  # falls back to CPU when there is no CUDA device
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"

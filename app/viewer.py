@@ -116,10 +116,10 @@ def _fmt_bytes(n) -> str:
     return f"{n:.1f} GiB"
 
 
-def _ensure_taichi(arch, scene_arch="auto", scene=None):
+def _ensure_taichi(arch, scene_arch="auto", scene=None, capacity=0):
     from app.headless import ensure_taichi
 
-    return ensure_taichi(arch if arch not in (None, "auto") else scene_arch, scene=scene)
+    return ensure_taichi(arch if arch not in (None, "auto") else scene_arch, scene=scene, capacity=capacity)
 
 
 def _save_png(path, rgb):
@@ -355,13 +355,13 @@ def main_interactive(args) -> int:
     problem = vulkan_problem()
     if problem:
         raise UserError(problem)
-    _ensure_taichi(getattr(args, "arch", "auto"), scene.sim["arch"], scene)
-    from app.sim import Simulation
-
     # headroom for the "drop N bodies" button: growing past the capacity reallocates every field, which
     # recompiles every simulation kernel (tens of seconds on a CPU)
     headroom = getattr(args, "headroom", None)
     headroom = max(DROP_HEADROOM, scene.body_count // 2) if headroom is None else max(0, int(headroom))
+    _ensure_taichi(getattr(args, "arch", "auto"), scene.sim["arch"], scene, scene.body_count + headroom)
+    from app.sim import Simulation
+
     sim = Simulation(scene, capacity=scene.body_count + headroom)
     size = parse_size(args.size) if getattr(args, "size", None) else DEFAULT_SIZE
     viewer = InteractiveViewer(sim, size=size, screenshot_dir=getattr(args, "screenshot_dir", None) or SCREENSHOT_DIR,

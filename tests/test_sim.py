@@ -209,6 +209,9 @@ def test_dynamic_storage_sizes_taichis_sparse_pool_or_says_which_knob():
     assert taichi_pool_gb(_small_pile("vla")) is None and taichi_pool_gb(_small_pile("padded")) is None
     # 40 bodies -> capacity 64, two generations of lists, padded_capacity 32 records each
     assert taichi_pool_gb(_small_pile("dynamic")) == pytest.approx(dynamic_pool_gb(128, 32, 8, CONTACT_RECORD_BYTES))
+    # a Simulation given more capacity (the viewer's headroom for dropped bodies) gets a pool for it
+    assert taichi_pool_gb(_small_pile("dynamic"), capacity=100) == pytest.approx(
+        dynamic_pool_gb(200, 32, 8, CONTACT_RECORD_BYTES))
     need = dynamic_pool_gb(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES)   # pile_1m: ~9 GB
     assert 8 < need < 10
     assert sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, need) is None
