@@ -212,7 +212,7 @@ def test_dynamic_storage_sizes_taichis_sparse_pool_or_says_which_knob():
     # a Simulation given more capacity (the viewer's headroom for dropped bodies) gets a pool for it
     assert taichi_pool_gb(_small_pile("dynamic"), capacity=100) == pytest.approx(
         dynamic_pool_gb(200, 32, 8, CONTACT_RECORD_BYTES))
-    need = dynamic_pool_gb(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES)   # pile_1m: ~9 GB
+    need = dynamic_pool_gb(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES)   # pile_1m: 8.5 GB
     assert 8 < need < 10
     assert sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, need) is None
     msg = sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, 1.0)
