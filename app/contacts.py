@@ -50,8 +50,12 @@ def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,
     SNode's chunks come from that pool, which does not grow: when it runs dry the device asserts (pile_1m
     with the default 1 GB, H200). The bound is generous because it is taken up front and an undersized pool
     is a crash, not a slowdown."""
+    return 1.0 + _doubled_full_gb(num_arrays, max_length, chunk_size, element_bytes)
+
+
+def _doubled_full_gb(num_arrays, max_length, chunk_size, element_bytes) -> float:
     full = int(num_arrays) * (-(-int(max_length) // int(chunk_size)) * int(chunk_size)) * int(element_bytes)
-    return 1.0 + 2.0 * full / 2**30
+    return 2.0 * full / 2**30
 
 
 def _dtype_bytes(dtype) -> int:
@@ -184,11 +188,12 @@ class DynamicLists(_CountedLists):
 
 
 def sparse_pool_problem(num_arrays, max_length, chunk_size, element_bytes, pool_gb) -> str | None:
-    """Why a sparse-data pool of pool_gb GB may be too small for these dynamic lists (see dynamic_pool_gb),
-    naming the knob; None if it is large enough."""
-    need = dynamic_pool_gb(num_arrays, max_length, chunk_size, element_bytes)
-    if pool_gb >= need:
+    """Why a sparse-data pool of pool_gb GB may be too small for these dynamic lists, naming the knob; None
+    if it holds twice their worst case (the size run.py picks, dynamic_pool_gb, adds 1 GB on top: a small
+    scene runs under Taichi's default 1 GB)."""
+    if pool_gb >= _doubled_full_gb(num_arrays, max_length, chunk_size, element_bytes):
         return None
+    need = dynamic_pool_gb(num_arrays, max_length, chunk_size, element_bytes)
     return (f"sim.contacts: dynamic: {num_arrays} lists of up to {max_length} contacts may need {need:.1f} GB of "
             f"Taichi's sparse-data pool, but Taichi was started with {pool_gb:g} GB (ti.init's "
             f"device_memory_GB). Start it with device_memory_GB >= {need:.1f} (or set the environment variable "

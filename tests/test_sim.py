@@ -215,6 +215,9 @@ def test_dynamic_storage_sizes_taichis_sparse_pool_or_says_which_knob():
     need = dynamic_pool_gb(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES)   # pile_1m: 8.5 GB
     assert 8 < need < 10
     assert sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, need) is None
+    assert sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, need - 1.0) is None   # twice the worst case
+    assert sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, need - 1.01) is not None
+    assert sparse_pool_problem(8192, 32, 8, CONTACT_RECORD_BYTES, 1.0) is None   # a small scene, Taichi's default
     msg = sparse_pool_problem(2 * 2**20, 32, 8, CONTACT_RECORD_BYTES, 1.0)
     assert "sim.contacts" in msg and "device_memory_GB" in msg and f"TI_DEVICE_MEMORY_GB={need:.1f}" in msg
 
