@@ -221,10 +221,9 @@ def taichi_pool_gb(scene, capacity: int = 0) -> float | None:
     Simulation will be given, if more than the scene's (the viewer keeps headroom for dropped bodies)."""
     if scene.sim["contacts"] != "dynamic":
         return None
-    from app.sim import _round_capacity
+    from app.sim import body_capacity_for
 
-    bodies = max(int(capacity), _round_capacity(scene.body_count))
-    return dynamic_pool_gb(2 * bodies, scene.sim["padded_capacity"])
+    return dynamic_pool_gb(2 * body_capacity_for(scene, capacity), scene.sim["padded_capacity"])
 
 
 @ti.kernel

@@ -62,6 +62,12 @@ def _round_capacity(n: int) -> int:
     return cap
 
 
+def body_capacity_for(scene: Scene, capacity: int = 0) -> int:
+    """Body capacity a Simulation allocates for `scene` when asked for at least `capacity`: the scene's body
+    count rounded up to a power of two (>= 16), or `capacity` if larger."""
+    return max(int(capacity or 0), _round_capacity(scene.body_count))
+
+
 class Simulation:
     """A running scene.
 
@@ -91,7 +97,7 @@ class Simulation:
             raise UserError(f"sim.contacts: expected vla | padded | dynamic, got {self.contacts_kind!r}")
         self.generation_id = 0
         self._padded = scene.sim["padded_capacity"]
-        self._allocate(max(capacity or 0, _round_capacity(scene.body_count)), scene)
+        self._allocate(body_capacity_for(scene, capacity), scene)
         self.load(scene)
 
     # ------------------------------------------------------------------ setup

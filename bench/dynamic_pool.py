@@ -3,10 +3,10 @@
     python -m bench.dynamic_pool [--lists 2097152] [--max 32] [--arch cuda] [--pool GB]
 
 Starts Taichi with the pool app.contacts.dynamic_pool_gb computes for --lists lists of --max contact records
-(--pool overrides it, e.g. 1 to see Taichi's default fail), makes the DynamicLists, fills every list to its
-maximum in one kernel, and checks every length and a checksum of the records on the host. The defaults are
-pile_1m's (two generations of 2^20 lists, padded_capacity 32): the worst case a 1M-body dynamic scene can
-reach. On the CPU the pool is host memory and the check is about the storage only.
+(--pool overrides it: 1 is Taichi's default, under which pile_1m's lists should not fit), makes the
+DynamicLists, fills every list to its maximum in one kernel, and checks every length and a checksum of the
+records on the host. The defaults are pile_1m's (two generations of 2^20 lists, padded_capacity 32): the
+worst case a 1M-body dynamic scene can reach. On the CPU the pool is host memory and the check is about the storage only.
 """
 import argparse
 import os
@@ -23,7 +23,6 @@ def main(argv=None) -> int:
     p.add_argument("--arch", choices=("cpu", "cuda"), default="cuda")
     p.add_argument("--pool", type=float, default=None, help="device_memory_GB (default: dynamic_pool_gb)")
     args = p.parse_args(argv)
-    import numpy as np
     import taichi as ti
 
     from app.contacts import CONTACT_RECORD_BYTES, ContactRecord, DynamicLists, dynamic_pool_gb

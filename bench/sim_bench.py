@@ -111,7 +111,6 @@ def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch) -> dict:
 
 def _run_one(job_json: str) -> int:
     from app.headless import ensure_taichi
-
     from app.scene import load_scene
 
     job = json.loads(job_json)
