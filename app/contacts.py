@@ -6,6 +6,7 @@ as ``ti.template()`` and compile against whichever one the scene picked (``sim.c
     slot = lists.append(i, x)   # thread-safe; returns x's index in list i
     lists.length(i); lists.get(i, k); lists.set(i, k, x); lists.clear(i)
     lists.get_member(i, k, "impulse_n"); lists.set_member(i, k, "impulse_n", x)   # one member of a record
+    lists.set_members(i, k, rec, ("impulse_n", "impulse_t"))   # those members of the record value rec
 
 and the host methods ``commit()``, ``clear_all()``, ``lengths()``, ``stats()``.
 
@@ -37,8 +38,13 @@ vec3 = ti.types.vector(3, ti.f32)
 #   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
 #   impulse_n: f32 N s, accumulated normal impulse; impulse_t: vec3 N s, accumulated friction impulse
 #   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
-ContactRecord = ti.types.struct(point=vec3, normal=vec3, depth=ti.f32, other=ti.i32, feature=ti.i32,
-                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32, bias=ti.f32)
+# Member order matters to the vla storage, which packs a record into eight 64-bit words in this order (VLA
+# layout "words"): (point.x, .y) (point.z, depth) (normal.x, .y) (normal.z, bias) (other, feature)
+# (impulse_n, impulse_t.x) (impulse_t.y, .z) (impulse_p, padding). The solver's three accumulated impulses then
+# fill the last three words, which each iteration writes without reading them back, and the warm-start key
+# (other, feature) is one load.
+ContactRecord = ti.types.struct(point=vec3, depth=ti.f32, normal=vec3, bias=ti.f32, other=ti.i32, feature=ti.i32,
+                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32)
 CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1)
 
 
@@ -109,6 +115,11 @@ class _CountedLists:
     @ti.func
     def set_member(self, i, k, name: ti.template(), x):
         ti.static(self.data.field_dict[name])[i, k] = x
+
+    @ti.func
+    def set_members(self, i, k, x, names: ti.template()):
+        for name in ti.static(names):
+            ti.static(self.data.field_dict[name])[i, k] = x[name]
 
     def commit(self):
         pass
@@ -237,7 +248,7 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
     pool_per_list: VLA only, pool elements pre-allocated per list on average (beyond the inline ones)."""
     if kind == "vla":
         from vla import VLA
-        # Most bodies have a handful of contacts: keep 4 inline (a sphere on a floor, a box face on the floor)
+        # Most bodies have a handful of contacts: keep 5 inline (a sphere on a floor, a box face on the floor)
         # and the rest in 4-element chunks, given out as lists need them (a landed pile has ~10 per body;
         # chunks of 8 together with the old one-chunk growth minimum reserved 17.5 MB instead of 9.0 for the
         # same 3.9 MB of contacts in a 5000-body pile). A list that outgrows its chunks is moved to a larger
@@ -246,9 +257,14 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # with room for `pool_per_list` elements per list on average (unassigned), so a pile that forms does
         # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
         # first 250 steps of pile_1m from a 1-chunk pool).
-        # Whole records contiguous ("aos"): the narrowphase appends, and the solver reads, a record at a time.
-        return VLA(num_arrays, dtype, inline_capacity=4, chunk_size=4,
-                   reserve=int(num_arrays * pool_per_list), layout="aos", name=name)
+        # Whole records contiguous, as 64-bit words ("words"): the narrowphase appends, and the solver reads,
+        # a record at a time, in 8 loads instead of 15. Why 5 inline and not 4: neighbouring threads read
+        # lists 5 x 64 = 320 bytes apart instead of 256; H200, landed pile_1m, Jacobi iteration: 60-byte
+        # records, 4 inline 0.898 ms; words, 4 inline 0.885; words, 5 inline 0.828 (docs/benchmarks.md,
+        # session 9). A power-of-two stride between threads is the slow case (64-byte records, 4 inline,
+        # loaded a member at a time: 1.143 ms).
+        return VLA(num_arrays, dtype, inline_capacity=5, chunk_size=4,
+                   reserve=int(num_arrays * pool_per_list), layout="words", name=name)
     if kind == "padded":
         return PaddedLists(num_arrays, dtype, max_length, name=name)
     if kind == "dynamic":

@@ -13,6 +13,7 @@ import taichi as ti
 
 from app.atomics import atomic_max_rare, atomic_min_rare
 from app.math3d import quat_mul
+from app.solver_body import unpack_motion
 
 # Sentinel for "no bad body seen" in Health.error_body / error_step (atomic_min keeps the first).
 NO_ERROR = 2 ** 31 - 1
@@ -48,7 +49,7 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
     """Reads solver buffers [src] and state_in poses; writes state_out; flags NaN/explosions in health."""
     vmax = model.max_speed[None]
     for i in range(model.body_count[None]):
-        mo = solver.motion[src, i]
+        mo = unpack_motion(solver.motion[src, i])
         v = mo.v
         w = mo.w
         x = state_in.body_pos[i]

@@ -30,21 +30,9 @@ import taichi as ti
 
 from app.integrator import kernel_integrate
 from app.math3d import world_inv_inertia
+from app.solver_body import Motion, SolverBody, pack_body, pack_motion, unpack_body, unpack_motion
 
 vec3 = ti.types.vector(3, ti.f32)
-
-# What a contact needs of the body at its other end, gathered once per contact per iteration: packed in one
-# record (48 bytes) instead of six fields (pos, inverse mass, inertia, list length, material -> friction: a
-# memory sector each). Filled by kernel_prepare.
-#   pos: vec3 m; inv_mass: 1/kg (0 fixed); inv_inertia_d, inv_inertia_o: the world-frame inverse inertia
-#   R diag(I^-1) R^T (1/(kg m^2)) at the start of the step, symmetric, so 6 numbers (diagonal xx, yy, zz and
-#   off-diagonal xy, xz, yz; see sym_mul) instead of 9; split: contacts in the body's list (mass-splitting
-#   factor); friction: the body material's mu.
-SolverBody = ti.types.struct(pos=vec3, inv_mass=ti.f32, inv_inertia_d=vec3, inv_inertia_o=vec3, split=ti.f32,
-                             friction=ti.f32)
-# Velocity and split-impulse pseudo velocity of a body (m/s, rad/s), one 48-byte record per body and buffer.
-Motion = ti.types.struct(v=vec3, w=vec3, pv=vec3, pw=vec3)
-
 
 @ti.func
 def sym_pack(M):
@@ -184,14 +172,15 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     contacts.contact_total[None] = 0
     for i in range(n_bodies):
         d, o = sym_pack(world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]))
-        solver.body[i] = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i], inv_inertia_d=d,
-                                    inv_inertia_o=o, split=ti.cast(lists.length(base + i), ti.f32),
-                                    friction=model.material_friction[model.body_material[i]])
+        solver.body[i] = pack_body(SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i],
+                                              inv_inertia_d=d, inv_inertia_o=o,
+                                              split=ti.cast(lists.length(base + i), ti.f32),
+                                              friction=model.material_friction[model.body_material[i]]))
     for t in range(n_bodies):
         i = order[t]
         li = base + i
         n = lists.length(li)
-        bi = solver.body[i]
+        bi = unpack_body(solver.body[i])
         inv_m = bi.inv_mass
         xi = bi.pos
         vi = state.body_vel[i]
@@ -235,7 +224,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             xj = vec3(0.0)
             if j >= 0:
                 vj = state.body_vel[j]
-                bj = solver.body[j]  # position and inverse mass in one record (filled by the loop above)
+                bj = unpack_body(solver.body[j])  # position and inverse mass in one record (filled by the loop above)
                 if bj.inv_mass > 0.0:
                     vj = vj + g * dt
                 wj = state.body_omega[j]
@@ -250,19 +239,17 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                 bias = -e * vn0
             rec.bias = bias
             # (the members this kernel changed; the geometry stays as the narrowphase wrote it)
-            lists.set_member(li, k, "impulse_n", rec.impulse_n)
-            lists.set_member(li, k, "impulse_t", rec.impulse_t)
-            lists.set_member(li, k, "impulse_p", rec.impulse_p)
-            lists.set_member(li, k, "bias", bias)
+            lists.set_members(li, k, rec, ("bias", "impulse_n", "impulse_t", "impulse_p"))
             P = rec.impulse_n * rec.normal + rec.impulse_t
             L = ri.cross(P)
             P_sum += fixed(P, scale)
             L_sum += fixed(L, scale_w)
             check += P.sum() + L.sum()
         ti.atomic_add(contacts.contact_total[None], counted)
-        solver.motion[0, i] = Motion(v=flag_non_finite(vi + inv_m * unfixed(P_sum, scale), check),
-                                     w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale_w)),
-                                     pv=vec3(0.0), pw=vec3(0.0))
+        solver.motion[0, i] = pack_motion(Motion(v=flag_non_finite(vi + inv_m * unfixed(P_sum, scale), check),
+                                                 w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o,
+                                                                unfixed(L_sum, scale_w)),
+                                                 pv=vec3(0.0), pw=vec3(0.0)))
 
 
 # Jacobi iterations per kernel launch, unrolled at compile time. Taichi runs a kernel's top-level loops one
@@ -297,8 +284,8 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
         i = order[t]
         li = base + i
         n_i = lists.length(li)
-        bi = solver.body[i]
-        mo = solver.motion[src, i]
+        bi = unpack_body(solver.body[i])
+        mo = unpack_motion(solver.motion[src, i])
         v = mo.v
         w = mo.w
         pv = mo.pv
@@ -325,8 +312,8 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
                 bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
                                 split=0.0, friction=0.0)
                 if j >= 0:
-                    mj = solver.motion[src, j]
-                    bj = solver.body[j]
+                    mj = unpack_motion(solver.motion[src, j])
+                    bj = unpack_body(solver.body[j])
                 else:
                     bj.friction = model.material_friction[model.plane_material[-1 - j]]
                 mu = ti.sqrt(bi.friction * bj.friction)
@@ -365,9 +352,10 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
                 target_p = beta_per_dt * ti.max(rec.depth - slop, 0.0)
                 jp_old = rec.impulse_p
                 jp = ti.max(jp_old + (target_p - vpn) * inv_kn, 0.0)
-                lists.set_member(li, k, "impulse_n", jn)
-                lists.set_member(li, k, "impulse_t", jt)
-                lists.set_member(li, k, "impulse_p", jp)
+                rec.impulse_n = jn
+                rec.impulse_t = jt
+                rec.impulse_p = jp
+                lists.set_members(li, k, rec, ("impulse_n", "impulse_t", "impulse_p"))
                 djn = jn - jn_old
                 djt = jt - jt_old
                 djp = jp - jp_old
@@ -383,7 +371,7 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
             w = w + sym_mul(Id, Io, unfixed(L_sum, scale_w))
             pv = pv + inv_m * unfixed(Pp_sum, scale)
             pw = pw + sym_mul(Id, Io, unfixed(Lp_sum, scale_w))
-        solver.motion[dst, i] = Motion(v=v, w=w, pv=pv, pw=pw)
+        solver.motion[dst, i] = pack_motion(Motion(v=v, w=w, pv=pv, pw=pw))
 
 
 @ti.data_oriented
@@ -404,8 +392,8 @@ class JacobiSolver:
         self.model = model
         self.iterations = int(iterations)
         n = model.body_capacity
-        self.motion = Motion.field(shape=(2, n))
-        self.body = SolverBody.field(shape=n)
+        self.motion = ti.Vector.field(6, ti.u64, shape=(2, n))   # packed Motion (pack_motion)
+        self.body = ti.Vector.field(6, ti.u64, shape=n)          # packed SolverBody (pack_body)
 
     def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate

@@ -271,7 +271,19 @@ def k_struct_bump_depth(v: ti.template()):
             v.set_member(i, k, "depth", v.get_member(i, k, "depth") + v.get_member(i, k, "point")[1])
 
 
-@pytest.mark.parametrize("layout", ["soa", "aos"])
+@ti.kernel
+def k_struct_set_members(v: ti.template()):
+    """depth -> -depth, other -> other + 1000 through set_members; the point changed in the value only."""
+    for i in range(v.num_arrays):
+        for k in range(v.length(i)):
+            r = v.get(i, k)
+            r.depth = -r.depth
+            r.other = r.other + 1000
+            r.point = ti.Vector([0.0, 0.0, 0.0])
+            v.set_members(i, k, r, ("depth", "other"))
+
+
+@pytest.mark.parametrize("layout", ["soa", "aos", "words"])
 def test_struct_elements(layout):
     v = VLA(7, Contact, inline_capacity=2, chunk_size=4, layout=layout, name=f"contacts_{layout}")
     launch(k_struct_fill, v, 200)
@@ -295,11 +307,56 @@ def test_struct_elements(layout):
     np.testing.assert_allclose(after["depth"], vals["depth"] + vals["point"][:, 1])
     np.testing.assert_array_equal(after["point"], vals["point"])
     np.testing.assert_array_equal(after["other"], vals["other"])
+    k_struct_set_members(v)
+    o4, sm = v.to_csr()
+    np.testing.assert_array_equal(sm["depth"], -after["depth"])
+    np.testing.assert_array_equal(sm["other"], after["other"] + 1000)
+    np.testing.assert_array_equal(sm["point"], after["point"])
     v2 = VLA(7, Contact, inline_capacity=0, chunk_size=2, name="contacts2")  # no inline tier
     v2.from_csr(offsets, vals)
     o3, v3 = v2.to_csr()
     for key in vals:
         np.testing.assert_array_equal(v3[key], vals[key])
+
+
+Packed = ti.types.struct(a=ti.types.vector(2, ti.f32), b=ti.i32, c=ti.u32, d=ti.f32)   # 5 slots: 3 words
+
+
+@ti.kernel
+def k_rewrite_words(v: ti.template()):
+    """Every element through get/set and every member through get_member/set_member: bits must survive."""
+    for i in range(v.num_arrays):
+        for k in range(v.length(i)):
+            v.set(i, k, v.get(i, k))
+            v.set_member(i, k, "b", v.get_member(i, k, "b"))
+            v.set_member(i, k, "a", v.get_member(i, k, "a"))
+            v.set_member(i, k, "d", v.get_member(i, k, "d"))
+            v.set_member(i, k, "c", v.get_member(i, k, "c"))
+            v.set_members(i, k, v.get(i, k), ("b", "d"))   # one word read back (c's half), one blind
+            v.set_members(i, k, v.get(i, k), ("a",))
+
+
+_WORDS = {}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lens=st.lists(st.integers(0, 9), min_size=5, max_size=5), seed=st.integers(0, 2**31 - 1))
+def test_words_layout_keeps_every_bit(lens, seed):
+    """Layout "words" packs members two to a 64-bit word: any bit pattern (NaN payloads, -0.0, denormals)
+    comes back unchanged through the host transfer and through kernel-side get/set/get_member/set_member."""
+    if "v" not in _WORDS:
+        _WORDS["v"] = VLA(5, Packed, inline_capacity=2, chunk_size=2, layout="words", name="words")
+    v = _WORDS["v"]
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    bits = np.random.default_rng(seed).integers(0, 2**32, size=(offsets[-1], 5), dtype=np.uint64).astype(np.uint32)
+    vals = {"a": bits[:, 0:2].copy().view(np.float32), "b": bits[:, 2].copy().view(np.int32), "c": bits[:, 3].copy(),
+            "d": bits[:, 4].copy().view(np.float32)}
+    v.from_csr(offsets, vals)
+    k_rewrite_words(v)
+    o2, got = v.to_csr()
+    np.testing.assert_array_equal(o2, offsets)
+    for key in vals:
+        assert got[key].tobytes() == vals[key].tobytes(), key
 
 
 # ---------------------------------------------------------------------------------------------- contention / overflow
@@ -613,6 +670,10 @@ def test_bad_arguments():
         VLA(4, ti.i32, inline_capacity=-1)
     with pytest.raises(ValueError, match="layout"):
         VLA(4, ti.i32, layout="columns")
+    with pytest.raises(ValueError, match="layout 'words' needs a ti.types.struct"):
+        VLA(4, ti.types.vector(2, ti.f32), layout="words")
+    with pytest.raises(ValueError, match="'x' is f64"):
+        VLA(4, ti.types.struct(x=ti.f64, y=ti.f32), layout="words")
     with pytest.raises(TypeError, match="dtype"):
         VLA(4, np.float32)
     with pytest.raises(TypeError, match="dtype"):

@@ -124,6 +124,47 @@ def _leaf_field(field, path):
     return field
 
 
+def _word_slots(dtype):
+    """Layout "words": the 32-bit slots of a flat struct of 32-bit scalars/vectors/matrices, in member order.
+    Returns (slots, members): slots a list of (member, component index or None, slot, scalar dtype,
+    member is a scalar);
+    members maps a member name to (first slot, slot count, leaf dtype). Raises ValueError otherwise."""
+    ok = (ti.f32, ti.i32, ti.u32)
+    if not isinstance(dtype, StructType):
+        raise ValueError(f"VLA layout 'words' needs a ti.types.struct dtype, got {dtype!r}")
+    slots, members = [], {}
+    for path, ldt in _leaves(dtype):
+        if len(path) != 1:
+            raise ValueError(f"VLA layout 'words' needs a flat struct; member {'.'.join(path)!r} is nested")
+        base = ldt.dtype if isinstance(ldt, MatrixType) else ldt
+        if base not in ok:
+            raise ValueError(f"VLA layout 'words' needs 32-bit members (f32, i32, u32); {path[0]!r} is {base}")
+        if isinstance(ldt, MatrixType):
+            comps = [(r,) for r in range(ldt.n)] if ldt.ndim == 1 else \
+                [(r, c) for r in range(ldt.n) for c in range(ldt.m)]
+        else:
+            comps = [None]
+        members[path[0]] = (len(slots), len(comps), ldt)
+        for c in comps:
+            slots.append((path[0], c, len(slots), base, c is None))
+    return slots, members
+
+
+def _word_plans(slots, members, names):
+    """The words that writing members `names` (a tuple) touches, each as (word, low half, high half, read
+    first): a half is (2, slot entry) when one of those members fills it, (1,) when another member does (the
+    old word is then read first to keep it) and (0,) when it is padding (written as 0)."""
+    mine = set()
+    for name in names:
+        first, count, _ = members[name]
+        mine.update(range(first, first + count))
+    plans = []
+    for w in sorted({q // 2 for q in mine}):
+        halves = tuple((2, slots[q]) if q in mine else (1,) if q < len(slots) else (0,) for q in (2 * w, 2 * w + 1))
+        plans.append((w, halves[0], halves[1], any(h[0] == 1 for h in halves)))
+    return tuple(plans)
+
+
 def _bucket(n, steps_per_octave=4) -> int:
     """Smallest size of the series 2^(k/steps_per_octave) that is >= n (steps of 19% for 4, 9% for 8): few
     distinct sizes, so that Taichi's offline kernel cache (whose key includes field shapes) hits
@@ -286,20 +327,18 @@ def _k_move_overflow_home(v: ti.template(), n: ti.i32):
 @ti.kernel
 def _k_gather_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, out: _nd):
     """Pack every live element's leaf into out, list by list (to_csr). Flat and coalesced."""
-    store = ti.static(_leaf_field(v.store, path))
     for e in range(v.flat_size()):
         i, k = v.flat_index(e)
         if i >= 0:
-            out[offsets[i] + k] = store[e]
+            out[offsets[i] + k] = v._leaf_at(e, path)
 
 
 @ti.kernel
 def _k_scatter_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, owner: _i32_nd, src: _nd, total: ti.i32):
     """Write packed CSR values home (from_csr); capacity was reserved beforehand."""
-    store = ti.static(_leaf_field(v.store, path))
     for e in range(total):
         i = owner[e]
-        store[v._addr(i, e - offsets[i])] = src[e]
+        v._set_leaf_at(v._addr(i, e - offsets[i]), path, src[e])
 
 
 @ti.kernel
@@ -331,6 +370,11 @@ class VLA:
             coalesce). ``"aos"``: whole elements stored contiguously, for kernels in which a thread reads
             or appends whole records of its own list: a 60-byte record is then 2 memory sectors instead of
             16 (measured on the H200 with the simulator's contact records: see docs/benchmarks.md).
+            ``"words"``: whole elements stored contiguously as 64-bit words (a flat struct of 32-bit members,
+            padded to an even number of them), read and written with 64-bit loads and stores: Taichi moves a
+            struct one scalar at a time, so this halves the load instructions of a record. set_member of a
+            member that shares a word with another member reads and rewrites that word, so two threads must
+            not set members of one element at once (with "soa"/"aos" they may, if the members differ).
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
@@ -351,8 +395,8 @@ class VLA:
         if chunk_size & (chunk_size - 1):
             raise ValueError(f"VLA chunk_size must be a power of two (1, 2, 4, ...), got {chunk_size}")
         _check_dtype(dtype)
-        if layout not in ("soa", "aos"):
-            raise ValueError(f"VLA layout must be 'soa' or 'aos', got {layout!r}")
+        if layout not in ("soa", "aos", "words"):
+            raise ValueError(f"VLA layout must be 'soa', 'aos' or 'words', got {layout!r}")
         if overflow_capacity is not None and (not isinstance(overflow_capacity, (int, np.integer))
                                               or overflow_capacity < 1):
             raise ValueError(f"VLA overflow_capacity must be a positive int, got {overflow_capacity!r}")
@@ -373,6 +417,14 @@ class VLA:
         self._chunk_shift = int(chunk_size).bit_length() - 1
         self._leaves = _leaves(dtype)
         self.element_bytes = element_bytes(dtype)
+        # What one element takes in storage: element_bytes, or whole 64-bit words for layout "words".
+        self._store_dtype = dtype
+        self._slots, self._members = [], {}
+        if layout == "words":
+            self._slots, self._members = _word_slots(dtype)
+            self._n_words = (len(self._slots) + 1) // 2
+            self._store_dtype = ti.types.vector(self._n_words, ti.u64)
+        self.storage_bytes = element_bytes(self._store_dtype)
         self._debug = bool(impl.current_cfg().debug)
 
         n = self.num_arrays
@@ -418,15 +470,15 @@ class VLA:
                     raise ValueError("VLA reserve lengths must be >= 0")
 
         pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
-        self._alloc("store", dtype, self._n_inline + pool_chunks * self.chunk_size)
+        self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
         self._alloc("table_owner", ti.i32, pool_chunks)
         self.table_owner.fill(-1)
         ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
-        self._alloc("ovf_value", dtype, ovf)
+        self._alloc("ovf_value", self._store_dtype, ovf)
         self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
-        self._alloc("relayout_tmp", dtype, 1)  # staging for re-layouts; its own tree, so its id is stable
+        self._alloc("relayout_tmp", self._store_dtype, 1)  # staging for re-layouts; its own tree, so its id is stable
         self._scalars[1] = ovf
         self._scanner = Scanner(n + 1)
         self._scratch = {}
@@ -447,12 +499,12 @@ class VLA:
         t_chunks = self.table_chunks[i]
         slot = ti.atomic_add(self.length_field[i], 1)
         if slot < self.inline_capacity + (t_chunks << self._chunk_shift):
-            self.store[self._addr_at(i, slot, t_start)] = x
+            self._put(self._addr_at(i, slot, t_start), x)
         else:
             # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
             o = ti.atomic_add(self._scalars[0], 1)
             if o < self._scalars[1]:
-                self.ovf_value[o] = x
+                self.ovf_value[o] = self._pack(x)
                 self.ovf_meta[o] = ti.Vector([i, slot])
         return slot
 
@@ -466,13 +518,13 @@ class VLA:
         """Element k of list i (0 <= k < length(i)); O(1), no chain walk, no branch."""
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.get: index out of range"
-        return self.store[self._addr(i, k)]
+        return self._load(self._addr(i, k))
 
     @ti.func
     def get_inline(self, i, k):
         """Fast path for callers that know k < inline_capacity statically: no table load."""
         ti.static_assert(self.inline_capacity > 0, "VLA.get_inline needs inline_capacity > 0")
-        return self.store[i * self.inline_capacity + k]
+        return self._load(i * self.inline_capacity + k)
 
     @ti.func
     def reduce(self, i, f: ti.template(), init):
@@ -488,22 +540,22 @@ class VLA:
         acc = init
         for k in ti.static(range(self.inline_capacity)):
             if k < n:
-                acc = f(acc, self.store[i * self.inline_capacity + k])
+                acc = f(acc, self._load(i * self.inline_capacity + k))
         rem = n - self.inline_capacity
         if rem > 0:
             base = self._n_inline + (self.table_start[i] << self._chunk_shift)
             U = ti.static(self.reduce_unroll)
             for g in range(rem // U):
                 for j in ti.static(range(U)):
-                    acc = f(acc, self.store[base + g * U + j])
+                    acc = f(acc, self._load(base + g * U + j))
             done = rem - rem % U
             if ti.static(U > 16):
                 for g in range((rem - done) >> 4):
                     for j in ti.static(range(16)):
-                        acc = f(acc, self.store[base + done + g * 16 + j])
+                        acc = f(acc, self._load(base + done + g * 16 + j))
                 done += ((rem - done) >> 4) << 4
             for j in range(done, rem):
-                acc = f(acc, self.store[base + j])
+                acc = f(acc, self._load(base + j))
         return acc
 
     @ti.func
@@ -512,19 +564,19 @@ class VLA:
         n = self.length_field[i]
         for k in ti.static(range(self.inline_capacity)):
             if k < n:
-                f(ctx, i, k, self.store[i * self.inline_capacity + k])
+                f(ctx, i, k, self._load(i * self.inline_capacity + k))
         rem = n - self.inline_capacity
         if rem > 0:
             base = self._n_inline + (self.table_start[i] << self._chunk_shift)
             for j in range(rem):
-                f(ctx, i, self.inline_capacity + j, self.store[base + j])
+                f(ctx, i, self.inline_capacity + j, self._load(base + j))
 
     @ti.func
     def set(self, i, k, x):
         """Overwrite element k (< length(i)) of list i."""
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], "VLA.set: index out of range"
-        self.store[self._addr(i, k)] = x
+        self._put(self._addr(i, k), x)
 
     @ti.func
     def get_member(self, i, k, name: ti.template()):
@@ -532,7 +584,7 @@ class VLA:
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], \
                 "VLA.get_member: index out of range"
-        return ti.static(_leaf_field(self.store, (name,)))[self._addr(i, k)]
+        return self._leaf_at(self._addr(i, k), (name,))
 
     @ti.func
     def set_member(self, i, k, name: ti.template(), x):
@@ -542,7 +594,22 @@ class VLA:
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], \
                 "VLA.set_member: index out of range"
-        ti.static(_leaf_field(self.store, (name,)))[self._addr(i, k)] = x
+        self._set_leaf_at(self._addr(i, k), (name,), x)
+
+    @ti.func
+    def set_members(self, i, k, x, names: ti.template()):
+        """Overwrite the members `names` (a tuple of str) of struct element k of list i with those of the
+        struct value x, leaving the others untouched. With layout "words", words that these members fill
+        together are written without being read first (set_member one at a time may read a word back)."""
+        if ti.static(self._debug):
+            assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], \
+                "VLA.set_members: index out of range"
+        a = self._addr(i, k)
+        if ti.static(self.layout == "words"):
+            self._write_words(a, names, x, True)
+        else:
+            for name in ti.static(names):
+                ti.static(_leaf_field(self.store, (name,)))[a] = x[name]
 
     @ti.func
     def clear(self, i):
@@ -612,7 +679,7 @@ class VLA:
     @ti.func
     def flat_value(self, e):
         """The element in storage slot e (valid when flat_index(e) gave i >= 0)."""
-        return self.store[e]
+        return self._load(e)
 
     @ti.func
     def pending_size(self):
@@ -633,9 +700,116 @@ class VLA:
     @ti.func
     def pending_value(self, o):
         """The element of pending append o."""
-        return self.ovf_value[o]
+        return self._unpack(self.ovf_value[o])
 
     # ------------------------------------------------------------------ kernel-side internals
+    @ti.func
+    def _load(self, a):
+        """The element in store slot a."""
+        return self._unpack(self.store[a])
+
+    @ti.func
+    def _put(self, a, x):
+        self.store[a] = self._pack(x)
+
+    @ti.func
+    def _pack(self, x):
+        """An element as stored: itself, or (layout "words") its 32-bit members two to a u64 word, in member
+        order, the last word's high half 0 when the members are odd in number. (Expressions only, no local
+        variables: this is inlined at every append, and Taichi compiles a mutated local vector slowly.)"""
+        if ti.static(self.layout == "words"):
+            return self._store_dtype([self._pack_word(x, w) for w in ti.static(range(self._n_words))])
+        else:
+            return x
+
+    @ti.func
+    def _pack_word(self, x, w: ti.template()):
+        lo = ti.static(self._slots[2 * w])
+        if ti.static(2 * w + 1 < len(self._slots)):
+            hi = ti.static(self._slots[2 * w + 1])
+            return self._join(self._bits(x[lo[0]], lo), self._bits(x[hi[0]], hi))
+        else:
+            return ti.cast(self._bits(x[lo[0]], lo), ti.u64)
+
+    @ti.func
+    def _unpack(self, s):
+        """Inverse of _pack: the element from its words s."""
+        if ti.static(self.layout == "words"):
+            return self.dtype(**{name: self._member_of(s, name) for name in ti.static(tuple(self._members))})
+        else:
+            return s
+
+    @ti.func
+    def _member_of(self, s, name: ti.template()):
+        """Member `name` from an element's words s (words it does not use are not needed: their loads are
+        dead code when s comes straight from the store)."""
+        first, count, ldt = ti.static(self._members[name])
+        if ti.static(self._slots[first][4]):
+            return ti.bit_cast(self._half(s[first // 2], first % 2), ldt)
+        elif ti.static(ldt.ndim == 1):
+            return ldt([ti.bit_cast(self._half(s[q // 2], q % 2), ldt.dtype)
+                        for q in ti.static(range(first, first + count))])
+        else:
+            return ldt([[ti.bit_cast(self._half(s[(first + r * ldt.m + c) // 2], (first + r * ldt.m + c) % 2), ldt.dtype)
+                         for c in ti.static(range(ldt.m))] for r in ti.static(range(ldt.n))])
+
+    @ti.func
+    def _bits(self, v, e: ti.template()):
+        """The 32 bits of slot entry e (see _word_slots) of member value v, as u32."""
+        if ti.static(e[4]):
+            return ti.bit_cast(ti.cast(v, e[3]), ti.u32)
+        else:
+            return ti.bit_cast(ti.cast(v[e[1]], e[3]), ti.u32)
+
+    @ti.func
+    def _join(self, lo, hi):
+        return ti.cast(lo, ti.u64) | (ti.cast(hi, ti.u64) << ti.u64(32))
+
+    @ti.func
+    def _half(self, word, high: ti.template()):
+        """Low (high=0) or high (high=1) 32 bits of a u64 word, as u32."""
+        return ti.cast((word >> ti.u64(32 * high)) & ti.u64(0xFFFFFFFF), ti.u32)
+
+    @ti.func
+    def _write_words(self, a, names: ti.template(), x, whole: ti.template()):
+        """Layout "words": write members `names` into the element in store slot a; x is the struct value
+        (whole) or the single member's value. A word is read back only to keep another member's half."""
+        for plan in ti.static(_word_plans(self._slots, self._members, names)):
+            old = ti.u64(0)
+            if ti.static(plan[3]):
+                old = self.store[a][plan[0]]
+            self.store[a][plan[0]] = self._join(self._new_half(x, old, plan[1], 0, whole),
+                                                self._new_half(x, old, plan[2], 1, whole))
+
+    @ti.func
+    def _new_half(self, x, old, spec: ti.template(), high: ti.template(), whole: ti.template()):
+        if ti.static(spec[0] == 2):
+            e = ti.static(spec[1])
+            if ti.static(whole):
+                return self._bits(x[e[0]], e)
+            else:
+                return self._bits(x, e)
+        elif ti.static(spec[0] == 1):
+            return self._half(old, high)
+        else:
+            return ti.u32(0)
+
+    @ti.func
+    def _leaf_at(self, a, path: ti.template()):
+        """Member `path` (a tuple of names) of the element in store slot a, loading only its own words."""
+        if ti.static(self.layout == "words"):
+            return self._member_of(self.store[a], path[0])
+        else:
+            return ti.static(_leaf_field(self.store, path))[a]
+
+    @ti.func
+    def _set_leaf_at(self, a, path: ti.template(), x):
+        """Overwrite member `path` of the element in store slot a (layout "words": see _write_words)."""
+        if ti.static(self.layout == "words"):
+            self._write_words(a, path, x, False)
+        else:
+            ti.static(_leaf_field(self.store, path))[a] = x
+
     @ti.func
     def _zero(self):
         if ti.static(_is_primitive(self.dtype)):
@@ -704,7 +878,7 @@ class VLA:
             _k_move_overflow_home(self, min(n_ovf, ovf_cap))
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
-            self._regrow("ovf_value", self.dtype, new_cap)
+            self._regrow("ovf_value", self._store_dtype, new_cap)
             self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap)
             self._scalars[1] = new_cap
             raise VLAOverflowError(
@@ -724,7 +898,7 @@ class VLA:
         _k_target_trim(self, target)
         self._relayout(target, shrink=True)
         if self._caps["ovf_value"] > self._default_ovf:
-            self._regrow("ovf_value", self.dtype, self._default_ovf)
+            self._regrow("ovf_value", self._store_dtype, self._default_ovf)
             self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf)
             self._scalars[1] = self._default_ovf
 
@@ -829,7 +1003,7 @@ class VLA:
         reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
         meta = 12 * self.num_arrays + 16 + 4 * self._caps["table_owner"] + 8 * ovf
-        element_reserved_bytes = (reserved_elems + ovf) * eb
+        element_reserved_bytes = (reserved_elems + ovf) * self.storage_bytes  # (padding included)
         return {
             "arrays": self.num_arrays,
             "live_elements": live,
@@ -1023,15 +1197,15 @@ class VLA:
         # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
         tmp_base = self._n_inline if regrow else 0
         if n_old and total:
-            self._regrow("relayout_tmp", self.dtype, tmp_base + total * cs)
+            self._regrow("relayout_tmp", self._store_dtype, tmp_base + total * cs)
             _k_relayout_to_tmp(self, n_old, target, new_start, tmp_base)
         elif regrow and tmp_base:
-            self._regrow("relayout_tmp", self.dtype, tmp_base)
+            self._regrow("relayout_tmp", self._store_dtype, tmp_base)
         if regrow and tmp_base:
             _k_inline_to_tmp(self)
         if regrow:
             cap = max(1, total if shrink else _bucket(total * _POOL_HEADROOM, _POOL_STEPS_PER_OCTAVE))
-            self._regrow("store", self.dtype, self._n_inline + cap * cs)
+            self._regrow("store", self._store_dtype, self._n_inline + cap * cs)
             self._regrow("table_owner", ti.i32, cap)
             self._caps["pool_chunks"] = cap
             if tmp_base:
@@ -1039,7 +1213,7 @@ class VLA:
         if n_old and total:
             _k_tmp_to_store(self, tmp_base, self._n_inline, total * cs)
         if self._caps["relayout_tmp"] > 1:
-            self._regrow("relayout_tmp", self.dtype, 1)
+            self._regrow("relayout_tmp", self._store_dtype, 1)
         _k_relayout_table(self, new_start, target, total, cap)
         self._bump = total
         self._scalars[2] = total
