@@ -584,6 +584,42 @@ def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
     assert np.allclose(out[:, 0], ref, rtol=1e-4, atol=1e-3)
 
 
+def test_solver_records_pack_into_words_bit_for_bit(sim):
+    # The solver keeps SolverBody and Motion as six u64 words each (app.solver_body); every member must come
+    # back with the same bits and in its own place (random bit patterns: NaN payloads and -0.0 included).
+    from app.solver_body import Motion, SolverBody, pack_body, pack_motion, unpack_body, unpack_motion
+
+    bits = np.random.default_rng(11).integers(0, 2**32, size=(32, 2, 12), dtype=np.uint64).astype(np.uint32)
+    src = bits.view(np.float32)
+    out = np.zeros_like(src)
+
+    @ti.kernel
+    def roundtrip(src: ti.types.ndarray(), out: ti.types.ndarray()):
+        for k in range(32):
+            f = ti.Vector([src[k, 0, c] for c in ti.static(range(12))])
+            g = ti.Vector([src[k, 1, c] for c in ti.static(range(12))])
+            b = unpack_body(pack_body(SolverBody(
+                pos=ti.Vector([f[0], f[1], f[2]]), inv_mass=f[3], inv_inertia_d=ti.Vector([f[4], f[5], f[6]]),
+                inv_inertia_o=ti.Vector([f[7], f[8], f[9]]), split=f[10], friction=f[11])))
+            m = unpack_motion(pack_motion(Motion(
+                v=ti.Vector([g[0], g[1], g[2]]), w=ti.Vector([g[3], g[4], g[5]]), pv=ti.Vector([g[6], g[7], g[8]]),
+                pw=ti.Vector([g[9], g[10], g[11]]))))
+            for c in ti.static(range(3)):
+                out[k, 0, c] = b.pos[c]
+                out[k, 0, 4 + c] = b.inv_inertia_d[c]
+                out[k, 0, 7 + c] = b.inv_inertia_o[c]
+                out[k, 1, c] = m.v[c]
+                out[k, 1, 3 + c] = m.w[c]
+                out[k, 1, 6 + c] = m.pv[c]
+                out[k, 1, 9 + c] = m.pw[c]
+            out[k, 0, 3] = b.inv_mass
+            out[k, 0, 10] = b.split
+            out[k, 0, 11] = b.friction
+
+    roundtrip(src, out)
+    assert out.view(np.uint32).tobytes() == bits.tobytes()
+
+
 def test_candidate_pairs_match_brute_force(sim):
     # grid.pairs against an O(n^2) numpy reference: every pair whose bounding spheres come within the
     # contact margin, exactly once (in either body's list: the half neighbourhood), in a list of its class
