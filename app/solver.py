@@ -378,13 +378,14 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
 class JacobiSolver:
     """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, order, dt)`.
 
-    motion: Motion (v, w, pv, pw: vec3 f32) field of shape (2, body_capacity): ping-pong buffers of velocity
-        (m/s, rad/s) and split-impulse pseudo velocity; the starting buffer index is a runtime argument, so
-        any iteration count runs on the same two compiled kernels (ITERATION_BATCH iterations, and one). One
-        record per body: a contact gathers the other body's four
-        vectors from one place.
-    body: SolverBody (body_capacity,): position, inverse mass, world-frame inverse inertia, contact count and
-        friction of each body at the start of the step (kernel_prepare).
+    motion: Motion records (v, w, pv, pw: vec3 f32) packed as six u64 words (app.solver_body.pack_motion),
+        shape (2, body_capacity): ping-pong buffers of velocity (m/s, rad/s) and split-impulse pseudo
+        velocity; the starting buffer index is a runtime argument, so any iteration count runs on the same
+        two compiled kernels (ITERATION_BATCH iterations, and one). One record per body: a contact gathers the
+        other body's four vectors from one place, in six loads.
+    body: SolverBody records packed the same way (pack_body), (body_capacity,): position, inverse mass,
+        world-frame inverse inertia, contact count and friction of each body at the start of the step
+        (kernel_prepare).
     iterations: host int, runtime (sim.solver_iterations; the viewer may change it).
     """
 
