@@ -307,6 +307,10 @@ def test_struct_elements(layout):
     np.testing.assert_allclose(after["depth"], vals["depth"] + vals["point"][:, 1])
     np.testing.assert_array_equal(after["point"], vals["point"])
     np.testing.assert_array_equal(after["other"], vals["other"])
+    st = v.stats()  # live bytes count the members (20 per element), reserved bytes what storage takes
+    assert st["live_bytes"] == 200 * 20
+    slot_bytes = 24 if layout == "words" else 20   # "words": 5 members -> 3 u64 words, padding included
+    assert st["element_reserved_bytes"] == (st["reserved_elements"] + st["overflow_capacity"]) * slot_bytes
     k_struct_set_members(v)
     o4, sm = v.to_csr()
     np.testing.assert_array_equal(sm["depth"], -after["depth"])
