@@ -656,6 +656,13 @@ def test_tune_minimises_reserved_bytes():
         -(-max(0, l - t["inline_capacity"]) // t["chunk_size"]) * t["chunk_size"] for l in heavy)
     worse = VLA.tune(heavy, inline_options=(8,), chunk_options=(64,))
     assert t["reserved_bytes"] <= worse["reserved_bytes"]
+    # layout "words" reserves whole 64-bit words per element (Contact: 5 members -> 24 bytes, not 20); live
+    # bytes stay the members'
+    aos = VLA.tune(heavy, dtype=Contact, inline_options=(2,), chunk_options=(4,))
+    words = VLA.tune(heavy, dtype=Contact, inline_options=(2,), chunk_options=(4,), layout="words")
+    n_slots = len(heavy) * 2 + sum(-(-max(0, l - 2) // 4) * 4 for l in heavy)
+    assert words["reserved_bytes"] - aos["reserved_bytes"] == 4 * n_slots
+    assert words["live_bytes"] == aos["live_bytes"] == 20 * heavy.sum()
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -378,7 +378,7 @@ class VLA:
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`get_member`, :meth:`set_member` (struct elements), :meth:`clear`, :meth:`reduce`, :meth:`for_each`,
+    :meth:`get_member`, :meth:`set_member`, :meth:`set_members` (struct elements), :meth:`clear`, :meth:`reduce`, :meth:`for_each`,
     :meth:`capacity`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`,
     :meth:`flat_pool_begin`, :meth:`flat_pool_size`, :meth:`pending_size`, :meth:`pending_index`,
     :meth:`pending_value`, :meth:`get_inline`.
@@ -590,7 +590,9 @@ class VLA:
     def set_member(self, i, k, name: ti.template(), x):
         """Overwrite member ``name`` of struct element k of list i, leaving the other members untouched: a
         kernel that updates a few members of each record (a solver's accumulated impulses) writes those
-        bytes only."""
+        bytes only ("soa"/"aos"). With layout "words" it writes whole 64-bit words: a word the member shares
+        with another is read and written back with that member's half unchanged, so no other thread may set
+        members of the same element meanwhile."""
         if ti.static(self._debug):
             assert i >= 0 and i < self.num_arrays and k >= 0 and k < self.length_field[i], \
                 "VLA.set_member: index out of range"
@@ -1027,22 +1029,23 @@ class VLA:
 
     @staticmethod
     def tune(lengths, dtype=ti.i32, inline_options=(0, 1, 2, 3, 4, 6, 8, 12, 16),
-             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1):
+             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1, layout="soa"):
         """Choose (inline_capacity, chunk_size) that minimise reserved bytes for a length histogram.
 
         ``lengths``: observed per-list lengths. The model counts what the VLA really reserves: inline
         slots for every list, whole chunks for the rest of each list, 12 bytes per list (length, chunk
         table start and count) and 4 per chunk (its owner, for flat iteration). Speed hardly depends on the choice
         (a list's chunks are contiguous, so there is no per-chunk load); ``min_chunk_size`` can still
-        exclude tiny chunks, which make growth re-layouts more frequent. Returns the choice and its
-        predicted reserved/live ratio.
+        exclude tiny chunks, which make growth re-layouts more frequent. ``layout``: as the VLA's; "words"
+        stores an element in whole 64-bit words (its padding is reserved, not live). Returns the choice and
+        its predicted reserved/live ratio.
         """
         lens = np.asarray(lengths, dtype=np.int64)
         if lens.ndim != 1 or lens.size == 0 or (lens < 0).any():
             raise ValueError("VLA.tune: lengths must be a non-empty 1-D array of non-negative ints")
         vals, counts = np.unique(lens, return_counts=True)
-        eb = element_bytes(dtype)
-        live = float((vals * counts).sum()) * eb
+        live = float((vals * counts).sum()) * element_bytes(dtype)
+        eb = 8 * ((len(_word_slots(dtype)[0]) + 1) // 2) if layout == "words" else element_bytes(dtype)
         best = None
         for ic in inline_options:
             for cs in chunk_options:
