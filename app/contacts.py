@@ -251,9 +251,9 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # Most bodies have a handful of contacts: keep 5 inline (a sphere on a floor, a box face on the floor)
         # and the rest in 4-element chunks, given out as lists need them (a landed pile has ~10 per body;
         # with 4 inline 60-byte records, chunks of 8 together with the old one-chunk growth minimum reserved
-        # 17.5 MB instead of 9.0 for the same 3.9 MB of contacts in a 5000-body pile). A list that outgrows its chunks is moved to a larger
-        # run at the end of the pool, a cost in proportion to the lists that grew (the pool is re-laid out
-        # only when full), so no list is given chunks up front. The pool itself starts
+        # 17.5 MB instead of 9.0 for the same 3.9 MB of contacts in a 5000-body pile). A list that outgrows
+        # its chunks is moved to a larger run at the end of the pool, a cost in proportion to the lists that
+        # grew (the pool is re-laid out only when full), so no list is given chunks up front. The pool starts
         # with room for `pool_per_list` elements per list on average (unassigned), so a pile that forms does
         # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
         # first 250 steps of pile_1m from a 1-chunk pool).

@@ -30,7 +30,8 @@ import taichi as ti
 
 from app.integrator import kernel_integrate
 from app.math3d import world_inv_inertia
-from app.solver_body import Motion, SolverBody, pack_body, pack_motion, unpack_body, unpack_motion
+from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
+                             unpack_motion)
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -393,8 +394,8 @@ class JacobiSolver:
         self.model = model
         self.iterations = int(iterations)
         n = model.body_capacity
-        self.motion = ti.Vector.field(6, ti.u64, shape=(2, n))   # packed Motion (pack_motion)
-        self.body = ti.Vector.field(6, ti.u64, shape=n)          # packed SolverBody (pack_body)
+        self.motion = MOTION_WORDS.store_dtype.field(shape=(2, n))   # packed Motion (pack_motion)
+        self.body = BODY_WORDS.store_dtype.field(shape=n)            # packed SolverBody (pack_body)
 
     def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate

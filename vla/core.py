@@ -56,6 +56,7 @@ from taichi.lang.struct import StructType
 
 from .errors import VLACapacityError, VLAOverflowError
 from .scan import Scanner
+from .words import Words
 
 _I32_MAX = 2**31 - 1
 # A pool that must be compacted to make room grows if less than ~10% of it would stay free, to 1.1x the
@@ -122,47 +123,6 @@ def _leaf_field(field, path):
     for name in path:
         field = field.field_dict[name]
     return field
-
-
-def _word_slots(dtype):
-    """Layout "words": the 32-bit slots of a flat struct of 32-bit scalars/vectors/matrices, in member order.
-    Returns (slots, members): slots a list of (member, component index or None, slot, scalar dtype,
-    member is a scalar);
-    members maps a member name to (first slot, slot count, leaf dtype). Raises ValueError otherwise."""
-    ok = (ti.f32, ti.i32, ti.u32)
-    if not isinstance(dtype, StructType):
-        raise ValueError(f"VLA layout 'words' needs a ti.types.struct dtype, got {dtype!r}")
-    slots, members = [], {}
-    for path, ldt in _leaves(dtype):
-        if len(path) != 1:
-            raise ValueError(f"VLA layout 'words' needs a flat struct; member {'.'.join(path)!r} is nested")
-        base = ldt.dtype if isinstance(ldt, MatrixType) else ldt
-        if base not in ok:
-            raise ValueError(f"VLA layout 'words' needs 32-bit members (f32, i32, u32); {path[0]!r} is {base}")
-        if isinstance(ldt, MatrixType):
-            comps = [(r,) for r in range(ldt.n)] if ldt.ndim == 1 else \
-                [(r, c) for r in range(ldt.n) for c in range(ldt.m)]
-        else:
-            comps = [None]
-        members[path[0]] = (len(slots), len(comps), ldt)
-        for c in comps:
-            slots.append((path[0], c, len(slots), base, c is None))
-    return slots, members
-
-
-def _word_plans(slots, members, names):
-    """The words that writing members `names` (a tuple) touches, each as (word, low half, high half, read
-    first): a half is (2, slot entry) when one of those members fills it, (1,) when another member does (the
-    old word is then read first to keep it) and (0,) when it is padding (written as 0)."""
-    mine = set()
-    for name in names:
-        first, count, _ = members[name]
-        mine.update(range(first, first + count))
-    plans = []
-    for w in sorted({q // 2 for q in mine}):
-        halves = tuple((2, slots[q]) if q in mine else (1,) if q < len(slots) else (0,) for q in (2 * w, 2 * w + 1))
-        plans.append((w, halves[0], halves[1], any(h[0] == 1 for h in halves)))
-    return tuple(plans)
 
 
 def _bucket(n, steps_per_octave=4) -> int:
@@ -378,8 +338,8 @@ class VLA:
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
-    :meth:`get_member`, :meth:`set_member`, :meth:`set_members` (struct elements), :meth:`clear`, :meth:`reduce`, :meth:`for_each`,
-    :meth:`capacity`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`,
+    :meth:`get_member`, :meth:`set_member`, :meth:`set_members` (struct elements), :meth:`clear`,
+    :meth:`reduce`, :meth:`for_each`, :meth:`capacity`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`,
     :meth:`flat_pool_begin`, :meth:`flat_pool_size`, :meth:`pending_size`, :meth:`pending_index`,
     :meth:`pending_value`, :meth:`get_inline`.
     """
@@ -418,12 +378,8 @@ class VLA:
         self._leaves = _leaves(dtype)
         self.element_bytes = element_bytes(dtype)
         # What one element takes in storage: element_bytes, or whole 64-bit words for layout "words".
-        self._store_dtype = dtype
-        self._slots, self._members = [], {}
-        if layout == "words":
-            self._slots, self._members = _word_slots(dtype)
-            self._n_words = (len(self._slots) + 1) // 2
-            self._store_dtype = ti.types.vector(self._n_words, ti.u64)
+        self._words = Words(dtype) if layout == "words" else None
+        self._store_dtype = self._words.store_dtype if self._words else dtype
         self.storage_bytes = element_bytes(self._store_dtype)
         self._debug = bool(impl.current_cfg().debug)
 
@@ -716,91 +672,36 @@ class VLA:
 
     @ti.func
     def _pack(self, x):
-        """An element as stored: itself, or (layout "words") its 32-bit members two to a u64 word, in member
-        order, the last word's high half 0 when the members are odd in number. (Expressions only, no local
-        variables: this is inlined at every append, and Taichi compiles a mutated local vector slowly.)"""
+        """An element as stored: itself, or its words (layout "words", vla.words)."""
         if ti.static(self.layout == "words"):
-            return self._store_dtype([self._pack_word(x, w) for w in ti.static(range(self._n_words))])
+            return self._words.pack(x)
         else:
             return x
 
     @ti.func
-    def _pack_word(self, x, w: ti.template()):
-        lo = ti.static(self._slots[2 * w])
-        if ti.static(2 * w + 1 < len(self._slots)):
-            hi = ti.static(self._slots[2 * w + 1])
-            return self._join(self._bits(x[lo[0]], lo), self._bits(x[hi[0]], hi))
-        else:
-            return ti.cast(self._bits(x[lo[0]], lo), ti.u64)
-
-    @ti.func
     def _unpack(self, s):
-        """Inverse of _pack: the element from its words s."""
+        """Inverse of _pack."""
         if ti.static(self.layout == "words"):
-            return self.dtype(**{name: self._member_of(s, name) for name in ti.static(tuple(self._members))})
+            return self._words.unpack(s)
         else:
             return s
-
-    @ti.func
-    def _member_of(self, s, name: ti.template()):
-        """Member `name` from an element's words s (words it does not use are not needed: their loads are
-        dead code when s comes straight from the store)."""
-        first, count, ldt = ti.static(self._members[name])
-        if ti.static(self._slots[first][4]):
-            return ti.bit_cast(self._half(s[first // 2], first % 2), ldt)
-        elif ti.static(ldt.ndim == 1):
-            return ldt([ti.bit_cast(self._half(s[q // 2], q % 2), ldt.dtype)
-                        for q in ti.static(range(first, first + count))])
-        else:
-            return ldt([[ti.bit_cast(self._half(s[(first + r * ldt.m + c) // 2], (first + r * ldt.m + c) % 2), ldt.dtype)
-                         for c in ti.static(range(ldt.m))] for r in ti.static(range(ldt.n))])
-
-    @ti.func
-    def _bits(self, v, e: ti.template()):
-        """The 32 bits of slot entry e (see _word_slots) of member value v, as u32."""
-        if ti.static(e[4]):
-            return ti.bit_cast(ti.cast(v, e[3]), ti.u32)
-        else:
-            return ti.bit_cast(ti.cast(v[e[1]], e[3]), ti.u32)
-
-    @ti.func
-    def _join(self, lo, hi):
-        return ti.cast(lo, ti.u64) | (ti.cast(hi, ti.u64) << ti.u64(32))
-
-    @ti.func
-    def _half(self, word, high: ti.template()):
-        """Low (high=0) or high (high=1) 32 bits of a u64 word, as u32."""
-        return ti.cast((word >> ti.u64(32 * high)) & ti.u64(0xFFFFFFFF), ti.u32)
 
     @ti.func
     def _write_words(self, a, names: ti.template(), x, whole: ti.template()):
         """Layout "words": write members `names` into the element in store slot a; x is the struct value
         (whole) or the single member's value. A word is read back only to keep another member's half."""
-        for plan in ti.static(_word_plans(self._slots, self._members, names)):
+        for plan in ti.static(self._words.plans(names)):
             old = ti.u64(0)
             if ti.static(plan[3]):
                 old = self.store[a][plan[0]]
-            self.store[a][plan[0]] = self._join(self._new_half(x, old, plan[1], 0, whole),
-                                                self._new_half(x, old, plan[2], 1, whole))
-
-    @ti.func
-    def _new_half(self, x, old, spec: ti.template(), high: ti.template(), whole: ti.template()):
-        if ti.static(spec[0] == 2):
-            e = ti.static(spec[1])
-            if ti.static(whole):
-                return self._bits(x[e[0]], e)
-            else:
-                return self._bits(x, e)
-        elif ti.static(spec[0] == 1):
-            return self._half(old, high)
-        else:
-            return ti.u32(0)
+            self.store[a][plan[0]] = self._words.join(self._words.new_half(x, old, plan[1], 0, whole),
+                                                      self._words.new_half(x, old, plan[2], 1, whole))
 
     @ti.func
     def _leaf_at(self, a, path: ti.template()):
         """Member `path` (a tuple of names) of the element in store slot a, loading only its own words."""
         if ti.static(self.layout == "words"):
-            return self._member_of(self.store[a], path[0])
+            return self._words.member(self.store[a], path[0])
         else:
             return ti.static(_leaf_field(self.store, path))[a]
 
@@ -1045,7 +946,7 @@ class VLA:
             raise ValueError("VLA.tune: lengths must be a non-empty 1-D array of non-negative ints")
         vals, counts = np.unique(lens, return_counts=True)
         live = float((vals * counts).sum()) * element_bytes(dtype)
-        eb = 8 * ((len(_word_slots(dtype)[0]) + 1) // 2) if layout == "words" else element_bytes(dtype)
+        eb = Words(dtype).storage_bytes if layout == "words" else element_bytes(dtype)
         best = None
         for ic in inline_options:
             for cs in chunk_options:
