@@ -29,6 +29,7 @@ import numpy as np
 import taichi as ti
 
 vec3 = ti.types.vector(3, ti.f32)
+vec2 = ti.types.vector(2, ti.f32)
 
 # One contact as seen from the body that owns the list.
 #   point: vec3 m, world contact point (shared by both bodies' copies of a pair contact)
@@ -36,16 +37,18 @@ vec3 = ti.types.vector(3, ti.f32)
 #   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
 #   other: i32, the other body, or -1 - plane for a static plane
 #   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
-#   impulse_n: f32 N s, accumulated normal impulse; impulse_t: vec3 N s, accumulated friction impulse
+#   impulse_n: f32 N s, accumulated normal impulse
+#   impulse_t: vec2 N s, accumulated friction impulse as coordinates along the tangents (t1, t2) that
+#       app.math3d.contact_tangents(normal) gives (2 floats instead of a vec3: a 56-byte record)
 #   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
-# Member order matters to the vla storage, which packs a record into eight 64-bit words in this order (VLA
+# Member order matters to the vla storage, which packs a record into seven 64-bit words in this order (VLA
 # layout "words"): (point.x, .y) (point.z, depth) (normal.x, .y) (normal.z, bias) (other, feature)
-# (impulse_n, impulse_t.x) (impulse_t.y, .z) (impulse_p, padding). The solver's three accumulated impulses then
-# fill the last three words, which each iteration writes without reading them back, and the warm-start key
-# (other, feature) is one load.
+# (impulse_n, impulse_t.x) (impulse_t.y, impulse_p). The solver's accumulated impulses then fill the last two
+# words, which each iteration writes without reading them back, and the warm-start key (other, feature) is
+# one load.
 ContactRecord = ti.types.struct(point=vec3, depth=ti.f32, normal=vec3, bias=ti.f32, other=ti.i32, feature=ti.i32,
-                                impulse_n=ti.f32, impulse_t=vec3, impulse_p=ti.f32)
-CONTACT_RECORD_BYTES = 4 * (3 + 3 + 1 + 1 + 1 + 1 + 3 + 1 + 1)
+                                impulse_n=ti.f32, impulse_t=vec2, impulse_p=ti.f32)
+CONTACT_RECORD_BYTES = 4 * (3 + 1 + 3 + 1 + 1 + 1 + 1 + 2 + 1)
 
 
 def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,
@@ -258,11 +261,11 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
         # first 250 steps of pile_1m from a 1-chunk pool).
         # Whole records contiguous, as 64-bit words ("words"): the narrowphase appends, and the solver reads,
-        # a record at a time, in 8 loads instead of 15. Why 5 inline and not 4: neighbouring threads read
-        # lists 5 x 64 = 320 bytes apart instead of 256; H200, landed pile_1m, Jacobi iteration: 60-byte
-        # records, 4 inline 0.898 ms; words, 4 inline 0.885; words, 5 inline 0.828 (docs/benchmarks.md,
-        # session 9). A power-of-two stride between threads is the slow case (64-byte records, 4 inline,
-        # loaded a member at a time: 1.143 ms).
+        # a record at a time, in 7 loads instead of 14. Why 5 inline: with 64-byte records neighbouring
+        # threads' lists 4 x 64 = 256 bytes apart were slower than 5 x 64 = 320 (H200, landed pile_1m, Jacobi
+        # iteration 0.885 vs 0.828 ms, session 9; a power-of-two stride between threads is the slow case).
+        # With the 56-byte record (session 10) 4 and 5 inline run alike (0.754 / 0.749 ms) and 5 holds less:
+        # with 4, more lists spill into the pool's chunks (contact memory 2,147 vs 2,120 MiB).
         return VLA(num_arrays, dtype, inline_capacity=5, chunk_size=4,
                    reserve=int(num_arrays * pool_per_list), layout="words", name=name)
     if kind == "padded":
@@ -335,5 +338,5 @@ class ContactSet:
     def stats(self) -> dict:
         s = dict(self.lists.stats())
         s["kind"] = self.kind
-        s["element_bytes"] = CONTACT_RECORD_BYTES   # the members; a vla stores each record in 64 (8 words)
+        s["element_bytes"] = CONTACT_RECORD_BYTES   # the members; a vla stores each record in 56 (7 words)
         return s

@@ -39,3 +39,25 @@ def world_inv_inertia(q, inv_inertia_body):
     D = ti.Matrix([[inv_inertia_body[0], 0.0, 0.0], [0.0, inv_inertia_body[1], 0.0], [0.0, 0.0, inv_inertia_body[2]]],
                   dt=ti.f32)
     return R @ D @ R.transpose()
+
+
+@ti.func
+def contact_tangents(n):
+    """Two unit tangents (t1, t2) that with the unit normal n form an orthonormal basis, such that the basis
+    of -n is exactly (-t1, t2) bit for bit. A pair contact is stored in both bodies' lists with mirrored
+    normals, and each copy keeps its friction impulse as coordinates in its own basis: this symmetry makes
+    the two copies' impulses exact negatives (Newton's third law without rounding).
+
+    Method: flip n to a canonical hemisphere (y > 0, ties broken on x, then z; s = +-1 is the flip), build
+    the branchless basis of Duff et al., "Building an Orthonormal Basis, Revisited" (JCGT 2017) for s n, and
+    return (s u1, u2). The basis jumps where the canonical side changes; callers keep a basis within one step
+    and carry impulses across steps in 3-D (the warm start re-expresses them)."""
+    flip = n[1] < 0.0 or (n[1] == 0.0 and (n[0] < 0.0 or (n[0] == 0.0 and n[2] < 0.0)))
+    s = ti.select(flip, -1.0, 1.0)
+    m = s * n
+    sz = ti.select(m[2] >= 0.0, 1.0, -1.0)
+    a = -1.0 / (sz + m[2])
+    b = m[0] * m[1] * a
+    u1 = vec3(1.0 + sz * m[0] * m[0] * a, sz * b, -sz * m[0])
+    u2 = vec3(b, sz + m[1] * m[1] * a, -m[1])
+    return s * u1, u2

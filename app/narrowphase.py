@@ -42,7 +42,7 @@ EDGE_ABS_TOL = 0.01
 @ti.func
 def _record(point, normal, depth, other, feature):
     return ContactRecord(point=point, normal=normal, depth=depth, other=other, feature=feature, impulse_n=0.0,
-                         impulse_t=vec3(0.0), impulse_p=0.0, bias=0.0)
+                         impulse_t=ti.Vector([0.0, 0.0]), impulse_p=0.0, bias=0.0)
 
 
 Manifold = ti.types.struct(count=ti.i32, normal=vec3, point=ti.types.matrix(4, 3, ti.f32),
