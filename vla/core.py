@@ -202,14 +202,18 @@ def _claim_run(v: ti.template(), i, m, pool_chunks):
 
 
 @ti.kernel
-def _k_commit_grow(v: ti.template(), pool_chunks: ti.i32):
-    """commit(): every list whose length outgrew its chunks claims a new run with headroom (_claim_run).
-    Targets and claims in one launch: this is the path of a simulation step, where some list among
-    millions grows almost every step."""
+def _k_commit(v: ti.template(), pool_chunks: ti.i32):
+    """commit() on the device, in one launch that the host follows with one read of _scalars (the path of a
+    simulation step, where some list among millions outgrows its chunks almost every step): every list whose
+    length outgrew its chunks claims a new run with headroom (_claim_run), then the parked elements move
+    home and the overflow area empties (_move_overflow_home). _scalars[6] keeps how many appends were parked."""
     for i in range(v.num_arrays):
-        m = v._grow_target(i, v.length_field[i], 1)
-        if m > 0:
-            _claim_run(v, i, m, pool_chunks)
+        if v._scalars[0] > 0:
+            m = v._grow_target(i, v.length_field[i], 1)
+            if m > 0:
+                _claim_run(v, i, m, pool_chunks)
+    v._scalars[6] = v._scalars[0]
+    _move_overflow_home(v)
 
 
 @ti.kernel
@@ -270,11 +274,12 @@ def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, tot
     v._scalars[3] = 0
 
 
-@ti.kernel
-def _k_move_overflow_home(v: ti.template(), n: ti.i32):
-    """Store the n parked elements at home, then empty the overflow area (one launch). Does nothing while
-    _scalars[4] says that some list found no room (commit() grows the pool and calls it again)."""
-    for o in range(n):
+@ti.func
+def _move_overflow_home(v: ti.template()):
+    """Store the parked elements at home, then empty the overflow area. Does nothing while _scalars[4] says
+    that some list found no room (commit() grows the pool and moves them with _k_move_overflow_home). Call
+    at a kernel's top level (its loop runs in parallel there)."""
+    for o in range(ti.min(v._scalars[0], v._scalars[1])):
         meta = v.ovf_meta[o]
         # A slot at or past the list's length is dead (the list was emptied since): drop it, as its home
         # may lie outside the list's chunks.
@@ -282,6 +287,11 @@ def _k_move_overflow_home(v: ti.template(), n: ti.i32):
             v.store[v._addr(meta[0], meta[1])] = v.ovf_value[o]
     if v._scalars[4] == 0:
         v._scalars[0] = 0
+
+
+@ti.kernel
+def _k_move_overflow_home(v: ti.template()):
+    _move_overflow_home(v)
 
 
 @ti.kernel
@@ -391,7 +401,8 @@ class VLA:
         self.table_start = ti.field(ti.i32)
         self.table_chunks = ti.field(ti.i32)
         # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes,
-        # [4] lists that found the pool full in _k_commit_grow, [5] lists it moved (cumulative)
+        # [4] lists that found the pool full in _k_commit, [5] lists it moved (cumulative), [6] appends
+        # the last _k_commit found parked
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
         fb.dense(ti.i, n).place(self.table_start)
@@ -731,7 +742,7 @@ class VLA:
         frame after frame grows O(log) times once it holds 4 chunks or more (before that, once per chunk),
         not every frame. No minimum of one extra chunk: for the short
         lists that dominate (a contact list needs 1-3 chunks) that minimum doubled the reserved memory, and
-        a list that grows is moved on the device without a host round trip (_k_commit_grow)."""
+        a list that grows is moved on the device without a host round trip (_k_commit)."""
         need = self._chunks_for(demand)
         m = 0
         if need > self.table_chunks[i]:
@@ -758,27 +769,28 @@ class VLA:
     def commit(self):
         """Make every element appended since the last commit readable; grow capacity as needed.
 
-        Costs one scalar read when nothing overflowed. Raises VLAOverflowError (after growing to the
-        demand) if the overflow area could not hold all overflowed elements.
+        Costs one launch and one read of a few scalars (one host sync) unless some list found the pool full.
+        Raises VLAOverflowError (after growing to the demand) if the overflow area could not hold all
+        overflowed elements.
         """
         self._check_program()
-        n_ovf = int(self._scalars[0])
+        ovf_cap = self._caps["ovf_value"]
+        # One launch and one read: lists grow at the pool's end on the device, then the parked elements move
+        # home (and the overflow area empties) unless some list found the pool full.
+        _k_commit(self, self._caps["pool_chunks"])
+        scalars = self._scalars.to_numpy()
+        n_ovf = int(scalars[6])
         if n_ovf == 0:
             return
-        ovf_cap = self._caps["ovf_value"]
-        # Fast path, two launches and one read: lists grow at the pool's end on the device, then the parked
-        # elements move home (and the overflow area empties) unless some list found the pool full.
-        _k_commit_grow(self, self._caps["pool_chunks"])
-        _k_move_overflow_home(self, min(n_ovf, ovf_cap))
         self.overflow_events += 1
         grown = self.grow_events
-        if not self._after_claims():
+        if not self._after_claims(scalars):
             # The pool was full: compact and grow it on the host's side, then move the parked elements home.
             demand = self._scratch_nd("demand", self.num_arrays)
             _k_lengths_to_nd(self, demand)
             self._grow_to(demand, headroom=True)
             self.grow_events = grown + 1
-            _k_move_overflow_home(self, min(n_ovf, ovf_cap))
+            _k_move_overflow_home(self)
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
             self._regrow("ovf_value", self._store_dtype, new_cap)
@@ -1049,12 +1061,13 @@ class VLA:
         demand.from_numpy(lengths_np)
         self._grow_to(demand, headroom=False)
 
-    def _after_claims(self) -> bool:
+    def _after_claims(self, scalars=None) -> bool:
         """After a kernel that ran _claim_run: count a growth if any list moved, and keep the host's copy of
         the bump. Returns False when some list found the pool full; the bump is then set back to the
         pool's end (the chunks between the last successful run and the end were never assigned: owner -1,
-        skipped by every walk) and the caller must compact."""
-        scalars = self._scalars.to_numpy()
+        skipped by every walk) and the caller must compact. scalars: _scalars as read since that kernel."""
+        if scalars is None:
+            scalars = self._scalars.to_numpy()
         if scalars[5] != self._lists_moved:
             self._lists_moved = int(scalars[5])
             self.grow_events += 1
