@@ -192,7 +192,7 @@ def _claim_run(v: ti.template(), i, m, pool_chunks):
     """List i takes a new run of m > 0 chunks at the pool's bump (an atomic add: no prefix sum, no host
     round trip) and moves there, counting itself in _scalars[5]. If the pool is full it counts itself in
     _scalars[4] instead; its claim has then pushed the bump past the pool, which the host repairs
-    (VLA._repair_bump) before anything reads it."""
+    (VLA._after_claims) before anything reads it. Run between _claims_begin and _claims_end."""
     new = ti.atomic_add(v._scalars[2], m)
     if new + m <= pool_chunks:
         _move_list(v, i, new, m)
@@ -201,27 +201,41 @@ def _claim_run(v: ti.template(), i, m, pool_chunks):
         ti.atomic_add(v._scalars[4], 1)
 
 
+@ti.func
+def _claims_begin(v: ti.template()):
+    v._scalars[5] = 0
+
+
+@ti.func
+def _claims_end(v: ti.template()):
+    """The claims' outcome in one scalar, so that the host learns it with one read (VLA._after_claims):
+    -1 if some list found the pool full, else the number of lists that moved."""
+    v._scalars[7] = ti.select(v._scalars[4] > 0, -1, v._scalars[5])
+
+
 @ti.kernel
 def _k_commit(v: ti.template(), pool_chunks: ti.i32):
-    """commit() on the device, in one launch that the host follows with one read of _scalars (the path of a
-    simulation step, where some list among millions outgrows its chunks almost every step): every list whose
-    length outgrew its chunks claims a new run with headroom (_claim_run), then the parked elements move
-    home and the overflow area empties (_move_overflow_home). _scalars[6] keeps how many appends were parked."""
+    """commit() after appends overflowed, in one launch (the path of a simulation step, where some list
+    among millions outgrows its chunks almost every step): every list whose length outgrew its chunks
+    claims a new run with headroom (_claim_run), then the parked elements move home and the overflow area
+    empties (_move_overflow_home), and the outcome goes to _scalars[7] (_claims_end)."""
+    _claims_begin(v)
     for i in range(v.num_arrays):
-        if v._scalars[0] > 0:
-            m = v._grow_target(i, v.length_field[i], 1)
-            if m > 0:
-                _claim_run(v, i, m, pool_chunks)
-    v._scalars[6] = v._scalars[0]
+        m = v._grow_target(i, v.length_field[i], 1)
+        if m > 0:
+            _claim_run(v, i, m, pool_chunks)
     _move_overflow_home(v)
+    _claims_end(v)
 
 
 @ti.kernel
 def _k_claim_runs(v: ti.template(), moved: _i32_nd, pool_chunks: ti.i32):
     """reserve()/from_csr() and commit's slow path: every list with moved[i] > 0 claims that many chunks."""
+    _claims_begin(v)
     for i in range(v.num_arrays):
         if moved[i] > 0:
             _claim_run(v, i, moved[i], pool_chunks)
+    _claims_end(v)
 
 
 @ti.kernel
@@ -401,8 +415,8 @@ class VLA:
         self.table_start = ti.field(ti.i32)
         self.table_chunks = ti.field(ti.i32)
         # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes,
-        # [4] lists that found the pool full in _k_commit, [5] lists it moved (cumulative), [6] appends
-        # the last _k_commit found parked
+        # [4] lists that found the pool full (until the host repairs the bump), [5] lists moved by the last
+        # claiming kernel, [7] its outcome (_claims_end)
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
         fb.dense(ti.i, n).place(self.table_start)
@@ -414,9 +428,7 @@ class VLA:
         self._trees = {}
         self._caps = {}
         self.store = self.table_owner = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
-        self._bump = 0              # chunks handed out: [0, bump); holes among them have owner -1
         self.grow_events = 0
-        self._lists_moved = 0       # host copy of _scalars[5]
         self.compact_events = 0
         self.overflow_events = 0
         self.recompile_events = 0
@@ -769,22 +781,21 @@ class VLA:
     def commit(self):
         """Make every element appended since the last commit readable; grow capacity as needed.
 
-        Costs one launch and one read of a few scalars (one host sync) unless some list found the pool full.
-        Raises VLAOverflowError (after growing to the demand) if the overflow area could not hold all
+        Costs one scalar read when nothing overflowed, else one launch and a second read (unless some list
+        found the pool full: then the host compacts and grows the pool). Raises VLAOverflowError (after growing to the demand) if the overflow area could not hold all
         overflowed elements.
         """
         self._check_program()
-        ovf_cap = self._caps["ovf_value"]
-        # One launch and one read: lists grow at the pool's end on the device, then the parked elements move
-        # home (and the overflow area empties) unless some list found the pool full.
-        _k_commit(self, self._caps["pool_chunks"])
-        scalars = self._scalars.to_numpy()
-        n_ovf = int(scalars[6])
+        n_ovf = int(self._scalars[0])
         if n_ovf == 0:
             return
+        ovf_cap = self._caps["ovf_value"]
+        # One launch and one scalar read: lists grow at the pool's end on the device, then the parked
+        # elements move home (and the overflow area empties) unless some list found the pool full.
+        _k_commit(self, self._caps["pool_chunks"])
         self.overflow_events += 1
         grown = self.grow_events
-        if not self._after_claims(scalars):
+        if not self._after_claims():
             # The pool was full: compact and grow it on the host's side, then move the parked elements home.
             demand = self._scratch_nd("demand", self.num_arrays)
             _k_lengths_to_nd(self, demand)
@@ -915,6 +926,7 @@ class VLA:
         eb = self.element_bytes
         pool_chunks = self._caps["pool_chunks"]
         holes = int(self._scalars[3])
+        bump = int(self._scalars[2])
         reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
         meta = 12 * self.num_arrays + 16 + 4 * self._caps["table_owner"] + 8 * ovf
@@ -930,7 +942,7 @@ class VLA:
             "inline_elements": self._n_inline,
             "inline_capacity": self.inline_capacity,
             "chunk_size": self.chunk_size,
-            "pool_chunks_used": self._bump - holes,
+            "pool_chunks_used": bump - holes,
             "pool_chunks_holes": holes,
             "pool_chunks_total": pool_chunks,
             "overflow_capacity": ovf,
@@ -1061,22 +1073,19 @@ class VLA:
         demand.from_numpy(lengths_np)
         self._grow_to(demand, headroom=False)
 
-    def _after_claims(self, scalars=None) -> bool:
-        """After a kernel that ran _claim_run: count a growth if any list moved, and keep the host's copy of
-        the bump. Returns False when some list found the pool full; the bump is then set back to the
-        pool's end (the chunks between the last successful run and the end were never assigned: owner -1,
-        skipped by every walk) and the caller must compact. scalars: _scalars as read since that kernel."""
-        if scalars is None:
-            scalars = self._scalars.to_numpy()
-        if scalars[5] != self._lists_moved:
-            self._lists_moved = int(scalars[5])
-            self.grow_events += 1
-        if scalars[4]:
+    def _after_claims(self) -> bool:
+        """After a kernel that ran claims (_k_commit, _k_claim_runs): one scalar read of their outcome; counts
+        a growth if any list moved. Returns False when some list found the pool full; the bump is then set
+        back to the pool's end (the chunks between the last successful run and the end were never assigned:
+        owner -1, skipped by every walk) and the caller must compact."""
+        outcome = int(self._scalars[7])
+        if outcome < 0:
             self._scalars[4] = 0
             self._scalars[2] = self._caps["pool_chunks"]
-            self._bump = self._caps["pool_chunks"]
+            self._scalars[7] = 0
             return False
-        self._bump = int(scalars[2])
+        if outcome > 0:
+            self.grow_events += 1
         return True
 
     def _grow_to(self, demand, headroom):
@@ -1106,7 +1115,7 @@ class VLA:
         new_start = self._scratch_nd("new_start", n + 1)
         self._scanner.exclusive(target, n, new_start)
         total = int(new_start[n])
-        n_old = self._bump
+        n_old = int(self._scalars[2])   # chunks handed out: [0, n_old); holes among them have owner -1
         cs = self.chunk_size
         cap = self._caps["pool_chunks"]
         # Grow before the pool is full, so that a compaction leaves room for the growths that follow.
@@ -1132,7 +1141,6 @@ class VLA:
         if self._caps["relayout_tmp"] > 1:
             self._regrow("relayout_tmp", self._store_dtype, 1)
         _k_relayout_table(self, new_start, target, total, cap)
-        self._bump = total
         self._scalars[2] = total
 
     def _check_values(self, values, total):
