@@ -782,8 +782,8 @@ class VLA:
         """Make every element appended since the last commit readable; grow capacity as needed.
 
         Costs one scalar read when nothing overflowed, else one launch and a second read (unless some list
-        found the pool full: then the host compacts and grows the pool). Raises VLAOverflowError (after growing to the demand) if the overflow area could not hold all
-        overflowed elements.
+        found the pool full: then the host compacts and grows the pool). Raises VLAOverflowError (after
+        growing to the demand) if the overflow area could not hold all overflowed elements.
         """
         self._check_program()
         n_ovf = int(self._scalars[0])
