@@ -61,3 +61,15 @@ def contact_tangents(n):
     u1 = vec3(1.0 + sz * m[0] * m[0] * a, sz * b, -sz * m[0])
     u2 = vec3(b, sz + m[1] * m[1] * a, -m[1])
     return s * u1, u2
+
+
+@ti.func
+def tangent_coords(v, t1, t2):
+    """Coordinates (vec2) of the in-plane vector v along the tangents (t1, t2) of contact_tangents."""
+    return ti.Vector([v.dot(t1), v.dot(t2)])
+
+
+@ti.func
+def tangent_vector(c, t1, t2):
+    """The vector with coordinates c (vec2) along the tangents (t1, t2): inverse of tangent_coords."""
+    return c[0] * t1 + c[1] * t2

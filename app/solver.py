@@ -29,7 +29,7 @@ step (matched by other body and feature id).
 import taichi as ti
 
 from app.integrator import kernel_integrate
-from app.math3d import contact_tangents, world_inv_inertia
+from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_inv_inertia
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
 
@@ -208,8 +208,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                 counted += 1
             # warm start: the same contact (other body, feature) in last step's list
             rec.impulse_n = 0.0
+            rec.impulse_t = vec2(0.0)
             rec.impulse_p = 0.0
-            t1, t2 = contact_tangents(rec.normal)
             jt = vec3(0.0)
             p = -1
             if inv_m > 0.0:
@@ -218,13 +218,11 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                 rec.impulse_n = warm * lists.get_member(lp, p, "impulse_n")
                 # last step's friction impulse, back in 3-D from its own basis; the tangent plane turned a
                 # little since: keep the in-plane part
-                old_n = lists.get_member(lp, p, "normal")
-                old_c = lists.get_member(lp, p, "impulse_t")
-                o1, o2 = contact_tangents(old_n)
-                old_t = old_c[0] * o1 + old_c[1] * o2
-                jt = warm * (old_t - old_t.dot(rec.normal) * rec.normal)
-            rec.impulse_t = vec2(jt.dot(t1), jt.dot(t2))
-            jt = rec.impulse_t[0] * t1 + rec.impulse_t[1] * t2   # (apply what is stored, to the last bit)
+                o1, o2 = contact_tangents(lists.get_member(lp, p, "normal"))
+                old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2)
+                t1, t2 = contact_tangents(rec.normal)
+                rec.impulse_t = tangent_coords(warm * (old_t - old_t.dot(rec.normal) * rec.normal), t1, t2)
+                jt = tangent_vector(rec.impulse_t, t1, t2)   # (apply what is stored, to the last bit)
             # restitution target from the approach velocity before any impulse of this step
             j = rec.other
             vj = vec3(0.0)
@@ -343,7 +341,7 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
                 # stored as coordinates along this contact's tangents)
                 vt = vrel - vn * n
                 t1, t2 = contact_tangents(n)
-                jt_old = rec.impulse_t[0] * t1 + rec.impulse_t[1] * t2
+                jt_old = tangent_vector(rec.impulse_t, t1, t2)
                 jt = jt_old
                 vt_len2 = vt.dot(vt)
                 if vt_len2 > 1e-18:
@@ -363,8 +361,8 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
                 jp_old = rec.impulse_p
                 jp = ti.max(jp_old + (target_p - vpn) * inv_kn, 0.0)
                 rec.impulse_n = jn
-                rec.impulse_t = vec2(jt.dot(t1), jt.dot(t2))
-                jt = rec.impulse_t[0] * t1 + rec.impulse_t[1] * t2   # (apply what is stored, to the last bit)
+                rec.impulse_t = tangent_coords(jt, t1, t2)
+                jt = tangent_vector(rec.impulse_t, t1, t2)   # (apply what is stored, to the last bit)
                 rec.impulse_p = jp
                 lists.set_members(li, k, rec, ("impulse_n", "impulse_t", "impulse_p"))
                 djn = jn - jn_old

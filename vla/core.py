@@ -590,7 +590,7 @@ class VLA:
             self._write_words(a, names, x, True)
         else:
             for name in ti.static(names):
-                ti.static(_leaf_field(self.store, (name,)))[a] = x[name]
+                self._set_leaf_at(a, (name,), x[name])
 
     @ti.func
     def clear(self, i):
