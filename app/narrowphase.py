@@ -438,21 +438,36 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
 
 
 @ti.func
+def _ordered_pair(grid: ti.template(), t, j):
+    """(i, j) of candidate pair (body grid.body_order[t], j), lower body index first. A body pair is computed
+    lower index first, whichever of the two lists holds it (the broadphase's half neighbourhood hands it to
+    either): box-box feature ids name the lower-index body's faces, and warm starting matches them from step
+    to step."""
+    i = grid.body_order[t]
+    jj = j
+    if j >= 0 and j < i:
+        jj = i
+        i = j
+    return i, jj
+
+
+@ti.func
 def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
                    base, prev_base, dt, contacts: ti.template(), margin, t, j, cls: ti.template()):
-    """Contact geometry of one candidate pair of the static class cls (body grid.body_order[t] with body j,
-    or with plane -1 - j when j < 0), appended to both bodies' lists (lists[base + body]) with the normal
-    mirrored so each copy pushes its owner (the manifold's normal points from the lower-index body to the
-    other; a plane's pushes the body)."""
-    # A body pair is computed lower index first, whichever of the two lists holds it (the broadphase's half
-    # neighbourhood hands it to either): box-box feature ids name the lower-index body's faces, and warm
-    # starting matches them from step to step.
-    owner = grid.body_order[t]
-    i = owner
-    if j >= 0 and j < owner:
-        i = j
-        j = owner
-    m = _pair_manifold(model, state, i, j, margin, cls)
+    """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
+    plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
+    i, jj = _ordered_pair(grid, t, j)
+    m = _pair_manifold(model, state, i, jj, margin, cls)
+    _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
+
+
+@ti.func
+def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
+                   contacts: ti.template(), i, j, m):
+    """Append manifold m of pair (i, j) (i < j, or j = -1 - plane) to both bodies' lists (lists[base + body])
+    with the normal mirrored so each copy pushes its owner (the manifold's normal points from the lower-index
+    body to the other; a plane's pushes the body). Kept out of the per-class code so that the kernel inlines it
+    once per loop (compile time)."""
     if m.count > 0:
         # What prepare did per copy until session 10, done here once per pair: both copies get the same
         # restitution target (bias) and warm-start impulses (mirrored), from one key search.
@@ -590,12 +605,15 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         j = grid.pairs.pending_value(o)
         t = grid.pair_position(lst)
         c = lst // stride
+        i, jj = _ordered_pair(grid, t, j)
+        m = manifold_empty()
         if c == 0:
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, t, j, 0)
+            m = _pair_manifold(model, state, i, jj, margin, 0)
         elif c == 1:
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, t, j, 1)
+            m = _pair_manifold(model, state, i, jj, margin, 1)
         else:
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, t, j, 2)
+            m = _pair_manifold(model, state, i, jj, margin, 2)
+        _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
 
 
 def find_contacts(model, state, grid, contacts, dt: float):

@@ -23,7 +23,8 @@ restitution_threshold, and position correction by split impulses (Catto 2006; Bu
 "split impulse"): a separate pseudo-velocity solve removes position_correction * (depth - slop) per
 step and is discarded after integration, so correcting penetration adds no kinetic energy (a
 Baumgarte bias would make balls bounce higher than they fell). Last step's impulses warm-start this
-step (matched by other body and feature id).
+step (matched by other body and feature id); the narrowphase sets them, and each restitution target, once
+per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
 """
 
 import taichi as ti
