@@ -24,7 +24,7 @@ from vla.scan import exclusive_scan
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
 from app.contacts import ContactRecord
-from app.math3d import contact_tangents, quat_to_mat, sign_nz
+from app.math3d import contact_tangents, quat_to_mat, sign_nz, tangent_coords, tangent_vector
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -518,11 +518,10 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 # last step's friction impulse, back in 3-D from its own basis (as seen by i); the tangent
                 # plane turned a little since: keep the in-plane part
                 o1, o2 = contact_tangents(lists.get_member(lp, p, "normal"))
-                old_c = lists.get_member(lp, p, "impulse_t")
-                old_t = (old_c[0] * o1 + old_c[1] * o2) * ti.select(s == i, 1.0, -1.0)
+                old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2) * ti.select(s == i, 1.0, -1.0)
                 jt = warm * (old_t - old_t.dot(n) * n)
             t1, t2 = contact_tangents(n)
-            c = ti.Vector([jt.dot(t1), jt.dot(t2)])
+            c = tangent_coords(jt, t1, t2)
             # the basis of -n is (-t1, t2): the other copy's coordinates of -jt are (c0, -c1)
             lists.append(base + i, _record(point, n, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
                                            c * ti.select(inv_i > 0.0, 1.0, 0.0)))

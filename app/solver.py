@@ -34,7 +34,6 @@ from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_i
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
 
-vec2 = ti.types.vector(2, ti.f32)
 vec3 = ti.types.vector(3, ti.f32)
 
 @ti.func
