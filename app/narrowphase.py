@@ -24,7 +24,7 @@ from vla.scan import exclusive_scan
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
 from app.contacts import ContactRecord
-from app.math3d import quat_to_mat, sign_nz
+from app.math3d import contact_tangents, quat_to_mat, sign_nz, tangent_coords, tangent_vector
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -40,9 +40,30 @@ EDGE_ABS_TOL = 0.01
 
 
 @ti.func
-def _record(point, normal, depth, other, feature):
-    return ContactRecord(point=point, normal=normal, depth=depth, other=other, feature=feature, impulse_n=0.0,
-                         impulse_t=ti.Vector([0.0, 0.0]), impulse_p=0.0, bias=0.0)
+def _record(point, normal, depth, other, feature, bias, impulse_n, impulse_t):
+    return ContactRecord(point=point, normal=normal, depth=depth, other=other, feature=feature, impulse_n=impulse_n,
+                         impulse_t=impulse_t, impulse_p=0.0, bias=bias)
+
+
+@ti.func
+def _material_of(model: ti.template(), body_or_plane):
+    m = 0
+    if body_or_plane >= 0:
+        m = model.body_material[body_or_plane]
+    else:
+        m = model.plane_material[-1 - body_or_plane]
+    return m
+
+
+@ti.func
+def _find_key(lists: ti.template(), lp, other, feature):
+    """Index of the first record of list lp with key (other, feature), or -1. No break: the compares do not
+    wait on one another."""
+    found = -1
+    for q in range(lists.length(lp)):
+        hit = lists.get_member(lp, q, "other") == other and lists.get_member(lp, q, "feature") == feature
+        found = ti.select(found < 0 and hit, q, found)
+    return found
 
 
 Manifold = ti.types.struct(count=ti.i32, normal=vec3, point=ti.types.matrix(4, 3, ti.f32),
@@ -417,29 +438,98 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
 
 
 @ti.func
-def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                   base, contacts: ti.template(), margin, t, j, cls: ti.template()):
-    """Contact geometry of one candidate pair of the static class cls (body grid.body_order[t] with body j,
-    or with plane -1 - j when j < 0), appended to both bodies' lists (lists[base + body]) with the normal
-    mirrored so each copy pushes its owner (the manifold's normal points from the lower-index body to the
-    other; a plane's pushes the body)."""
-    # A body pair is computed lower index first, whichever of the two lists holds it (the broadphase's half
-    # neighbourhood hands it to either): box-box feature ids name the lower-index body's faces, and warm
-    # starting matches them from step to step.
-    owner = grid.body_order[t]
-    i = owner
-    if j >= 0 and j < owner:
+def _ordered_pair(grid: ti.template(), t, j):
+    """(i, j) of candidate pair (body grid.body_order[t], j), lower body index first. A body pair is computed
+    lower index first, whichever of the two lists holds it (the broadphase's half neighbourhood hands it to
+    either): box-box feature ids name the lower-index body's faces, and warm starting matches them from step
+    to step."""
+    i = grid.body_order[t]
+    jj = j
+    if j >= 0 and j < i:
+        jj = i
         i = j
-        j = owner
-    m = _pair_manifold(model, state, i, j, margin, cls)
-    for q in range(m.count):
-        point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
-        if j < 0:
-            lists.append(base + i, _record(point, m.normal, m.depth[q], j, m.feature[q]))
-        else:
-            lists.append(base + i, _record(point, -m.normal, m.depth[q], j, m.feature[q]))
-            lists.append(base + j, _record(point, m.normal, m.depth[q], i, m.feature[q]))
-        atomic_max_rare(contacts.max_depth, m.depth[q])
+    return i, jj
+
+
+@ti.func
+def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
+                   base, prev_base, dt, contacts: ti.template(), margin, t, j, cls: ti.template()):
+    """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
+    plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
+    i, jj = _ordered_pair(grid, t, j)
+    m = _pair_manifold(model, state, i, jj, margin, cls)
+    _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
+
+
+@ti.func
+def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
+                   contacts: ti.template(), i, j, m):
+    """Append manifold m of pair (i, j) (i < j, or j = -1 - plane) to both bodies' lists (lists[base + body])
+    with the normal mirrored so each copy pushes its owner (the manifold's normal points from the lower-index
+    body to the other; a plane's pushes the body). Kept out of the per-class code so that the kernel inlines it
+    once per loop (compile time)."""
+    if m.count > 0:
+        # What prepare did per copy until session 10, done here once per pair: both copies get the same
+        # restitution target (bias) and warm-start impulses (mirrored), from one key search.
+        g = model.gravity[None]
+        warm = model.warm_start[None]
+        threshold = model.restitution_threshold[None]
+        inv_i = model.body_inv_mass[i]
+        xi = state.body_pos[i]
+        vi = state.body_vel[i] + ti.select(inv_i > 0.0, dt, 0.0) * g
+        wi = state.body_omega[i]
+        inv_j = 0.0
+        xj = vec3(0.0)
+        vj = vec3(0.0)
+        wj = vec3(0.0)
+        if j >= 0:
+            inv_j = model.body_inv_mass[j]
+            xj = state.body_pos[j]
+            vj = state.body_vel[j] + ti.select(inv_j > 0.0, dt, 0.0) * g
+            wj = state.body_omega[j]
+        e = ti.max(model.material_restitution[model.body_material[i]],
+                   model.material_restitution[_material_of(model, j)])
+        # last step's record of this pair: in the list of a body the solver updates (a fixed body's copy is
+        # never solved, so it holds no impulse)
+        s = i
+        key = j
+        if inv_i <= 0.0 and j >= 0:
+            s = j
+            key = i
+        searched = inv_i > 0.0 or inv_j > 0.0
+        lp = prev_base + s
+        for q in range(m.count):
+            point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
+            depth = m.depth[q]
+            n = ti.select(j < 0, m.normal, -m.normal)   # copy i's normal: it pushes i
+            ri = point - xi
+            rj = point - xj
+            vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(n)
+            bias = ti.min(depth, 0.0) / dt   # speculative: may approach by the gap, no further
+            if vn0 < -threshold and depth > vn0 * dt:
+                bias = -e * vn0   # it touches within this step: bounce
+            jn = 0.0
+            jt = vec3(0.0)   # copy i's friction impulse, 3-D
+            p = -1
+            if searched:
+                p = _find_key(lists, lp, key, m.feature[q])
+            if p >= 0:
+                jn = warm * lists.get_member(lp, p, "impulse_n")
+                # last step's friction impulse, back in 3-D from its own basis (as seen by i); the tangent
+                # plane turned a little since: keep the in-plane part
+                o1, o2 = contact_tangents(lists.get_member(lp, p, "normal"))
+                old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2) * ti.select(s == i, 1.0, -1.0)
+                jt = warm * (old_t - old_t.dot(n) * n)
+            t1, t2 = contact_tangents(n)
+            c = tangent_coords(jt, t1, t2)
+            # the basis of -n is (-t1, t2): the other copy's coordinates of -jt are (c0, -c1)
+            lists.append(base + i, _record(point, n, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
+                                           c * ti.select(inv_i > 0.0, 1.0, 0.0)))
+            if j >= 0:
+                lists.append(base + j, _record(point, -n, depth, i, m.feature[q], bias,
+                                               ti.select(inv_j > 0.0, jn, 0.0),
+                                               ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
+            atomic_max_rare(contacts.max_depth, depth)
 
 
 @ti.func
@@ -459,7 +549,8 @@ def _readable_compact_pairs(grid: ti.template(), j):
 
 @ti.kernel
 def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                       base: ti.i32, contacts: ti.template(), compact: ti.types.ndarray(dtype=ti.math.ivec2, ndim=1)):
+                       base: ti.i32, prev_base: ti.i32, dt: ti.f32, contacts: ti.template(),
+                       compact: ti.types.ndarray(dtype=ti.math.ivec2, ndim=1)):
     """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
     grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
 
@@ -492,7 +583,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
             s = pool_begin + e - inline_slots
         lst, _ = grid.pairs.flat_index(s)
         if lst >= 0 and lst < stride:
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, lst, grid.pairs.flat_value(s), 0)
+            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, lst, grid.pairs.flat_value(s), 0)
     # the other classes: pack (one prefix sum over their lists, class after class, so each class's pairs
     # come out as one run of `compact`), then one dense loop per class
     K = ti.static(len(COMPACT_CLASSES))
@@ -507,21 +598,24 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         lo = grid.compact_start[k * stride]
         for e in range(grid.compact_start[(k + 1) * stride] - lo):
             tj = compact[lo + e]
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
+            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
     for o in range(grid.pairs.pending_size()):
         lst, _ = grid.pairs.pending_index(o)
         j = grid.pairs.pending_value(o)
         t = grid.pair_position(lst)
         c = lst // stride
+        i, jj = _ordered_pair(grid, t, j)
+        m = manifold_empty()
         if c == 0:
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, j, 0)
+            m = _pair_manifold(model, state, i, jj, margin, 0)
         elif c == 1:
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, j, 1)
+            m = _pair_manifold(model, state, i, jj, margin, 1)
         else:
-            _pair_contacts(model, state, grid, lists, base, contacts, margin, t, j, 2)
+            m = _pair_manifold(model, state, i, jj, margin, 2)
+        _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
 
 
-def find_contacts(model, state, grid, contacts):
+def find_contacts(model, state, grid, contacts, dt: float):
     """Candidate pairs, then their contacts into contacts.lists[contacts.base + body] (grid.build first).
 
     Both kernels run inside one vla.launch (one commit per VLA at the end: the narrowphase reads the pairs'
@@ -531,7 +625,7 @@ def find_contacts(model, state, grid, contacts):
         kernel_candidate_pairs(model, state, grid)
         # sized here, not once per step: a re-run follows a commit that may have grown the pairs' pool
         compact = grid.ensure_compact_pairs(model.host_body_count)
-        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts, compact)
+        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts.prev_base, dt, contacts, compact)
 
     vlas = [grid.pairs] + ([contacts.lists] if contacts.kind == "vla" else [])
     launch(both, vlas=vlas, rollback=False)

@@ -203,7 +203,7 @@ class Simulation:
         that can share one do."""
         self.contacts.flip()
         self.grid.build(self.model, self.state)
-        find_contacts(self.model, self.state, self.grid, self.contacts)
+        find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.grid.body_order, self.dt, self.step_count,
                          self.health)

@@ -23,7 +23,8 @@ restitution_threshold, and position correction by split impulses (Catto 2006; Bu
 "split impulse"): a separate pseudo-velocity solve removes position_correction * (depth - slop) per
 step and is discarded after integration, so correcting penetration adds no kinetic energy (a
 Baumgarte bias would make balls bounce higher than they fell). Last step's impulses warm-start this
-step (matched by other body and feature id).
+step (matched by other body and feature id); the narrowphase sets them, and each restitution target, once
+per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
 """
 
 import taichi as ti
@@ -33,7 +34,6 @@ from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_i
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
 
-vec2 = ti.types.vector(2, ti.f32)
 vec3 = ti.types.vector(3, ti.f32)
 
 @ti.func
@@ -48,16 +48,6 @@ def sym_mul(d, o, x):
     return vec3(d[0] * x[0] + o[0] * x[1] + o[1] * x[2],
                 o[0] * x[0] + d[1] * x[1] + o[2] * x[2],
                 o[1] * x[0] + o[2] * x[1] + d[2] * x[2])
-
-
-@ti.func
-def _material_of_other(model: ti.template(), other):
-    m = 0
-    if other >= 0:
-        m = model.body_material[other]
-    else:
-        m = model.plane_material[-1 - other]
-    return m
 
 
 # Sums over a contact list in fixed point, so that they do not depend on the order of the list. Threads
@@ -120,56 +110,18 @@ def angular_scale(inv_inertia_d):
     return fixed_scale(ti.max(inv_inertia_d[0], ti.max(inv_inertia_d[1], inv_inertia_d[2])))
 
 
-# Warm-start keys of last step's list held in registers: each record of this step's list is matched against
-# them without loads, instead of scanning the list in memory (2 loads per key per record: O(n^2) scattered
-# loads per body). Most lists are shorter; longer ones scan the rest in memory.
-KEY_CACHE = 8
-ikeys = ti.types.vector(KEY_CACHE, ti.i32)
-
-
-@ti.func
-def _cached_keys(lists: ti.template(), lp, n_prev):
-    """(other, feature) of the first KEY_CACHE records of list lp (length n_prev) as two register vectors;
-    slots past n_prev are never matched (_find_key checks q < n_prev)."""
-    ko = ikeys(0)
-    kf = ikeys(0)
-    for q in ti.static(range(KEY_CACHE)):
-        if q < n_prev:
-            ko[q] = lists.get_member(lp, q, "other")
-            kf[q] = lists.get_member(lp, q, "feature")
-    return ko, kf
-
-
-@ti.func
-def _find_key(lists: ti.template(), lp, n_prev, ko, kf, other, feature):
-    """Index of the first record of list lp (length n_prev) with key (other, feature), or -1; ko, kf: its
-    first keys (_cached_keys). No break: the compares (and the loads past the cache) do not wait on one
-    another."""
-    found = -1
-    for q in ti.static(range(KEY_CACHE)):
-        hit = q < n_prev and ko[q] == other and kf[q] == feature
-        found = ti.select(found < 0 and hit, q, found)
-    for q in range(KEY_CACHE, n_prev):
-        hit = lists.get_member(lp, q, "other") == other and lists.get_member(lp, q, "feature") == feature
-        found = ti.select(found < 0 and hit, q, found)
-    return found
-
-
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
-                   prev_base: ti.i32, solver: ti.template(), contacts: ti.template(), order: ti.template(),
-                   dt: ti.f32):
-    """Per body: warm-start its contacts from last step's list, compute restitution targets, apply gravity
-    and the warm-start impulses into solver buffer 0, and count contacts. The lists stay in the order the
-    narrowphase appended them (any order gives the same motion: see FIXED_ONE).
+                   solver: ti.template(), contacts: ti.template(), order: ti.template(), dt: ti.f32):
+    """Per body: apply gravity and the warm-start impulses its contacts already carry (the narrowphase set
+    them, and each restitution target, from last step's lists: app.narrowphase) into solver buffer 0, and
+    count contacts. The lists stay in the order the narrowphase appended them (any order gives the same
+    motion: see FIXED_ONE).
 
-    Reads state (poses and velocities at the start of the step), model, lists[prev_base + i], order (every
+    Reads state (poses and velocities at the start of the step), model, lists[base + i], order (every
     body once; neighbours next to each other, see JacobiSolver.step).
-    Writes lists[base + i] (impulses, bias), solver.motion[0, i], solver.body[i], contacts.contact_total (each
-    pair counted once)."""
+    Writes solver.motion[0, i], solver.body[i], contacts.contact_total (each pair counted once)."""
     g = model.gravity[None]
-    warm = model.warm_start[None]
-    threshold = model.restitution_threshold[None]
     n_bodies = model.body_count[None]
     contacts.contact_total[None] = 0
     for i in range(n_bodies):
@@ -189,13 +141,6 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         wi = state.body_omega[i]
         if inv_m > 0.0:
             vi = vi + g * dt
-        mi = model.body_material[i]
-        lp = prev_base + i
-        n_prev = lists.length(lp)
-        ko = ikeys(0)
-        kf = ikeys(0)
-        if inv_m > 0.0:  # (a fixed body's impulses are never solved: no key search for it)
-            ko, kf = _cached_keys(lists, lp, n_prev)
         scale = fixed_scale(inv_m)
         scale_w = angular_scale(bi.inv_inertia_d)
         P_sum = ivec3(0)
@@ -206,48 +151,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             rec = lists.get(li, k)
             if rec.other > i or rec.other < 0:
                 counted += 1
-            # warm start: the same contact (other body, feature) in last step's list
-            rec.impulse_n = 0.0
-            rec.impulse_t = vec2(0.0)
-            rec.impulse_p = 0.0
-            jt = vec3(0.0)
-            p = -1
-            if inv_m > 0.0:
-                p = _find_key(lists, lp, n_prev, ko, kf, rec.other, rec.feature)
-            if p >= 0:
-                rec.impulse_n = warm * lists.get_member(lp, p, "impulse_n")
-                # last step's friction impulse, back in 3-D from its own basis; the tangent plane turned a
-                # little since: keep the in-plane part
-                o1, o2 = contact_tangents(lists.get_member(lp, p, "normal"))
-                old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2)
-                t1, t2 = contact_tangents(rec.normal)
-                rec.impulse_t = tangent_coords(warm * (old_t - old_t.dot(rec.normal) * rec.normal), t1, t2)
-                jt = tangent_vector(rec.impulse_t, t1, t2)   # (apply what is stored, to the last bit)
-            # restitution target from the approach velocity before any impulse of this step
-            j = rec.other
-            vj = vec3(0.0)
-            wj = vec3(0.0)
-            xj = vec3(0.0)
-            if j >= 0:
-                vj = state.body_vel[j]
-                bj = unpack_body(solver.body[j])  # position and inverse mass in one record (filled by the loop above)
-                if bj.inv_mass > 0.0:
-                    vj = vj + g * dt
-                wj = state.body_omega[j]
-                xj = bj.pos
-            ri = rec.point - xi
-            rj = rec.point - xj
-            vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(rec.normal)
-            e = ti.max(model.material_restitution[mi], model.material_restitution[_material_of_other(model, j)])
-            bias = ti.min(rec.depth, 0.0) / dt   # speculative: may approach by the gap, no further
-            if vn0 < -threshold and rec.depth > vn0 * dt:
-                # it touches within this step: bounce
-                bias = -e * vn0
-            rec.bias = bias
-            # (the members this kernel changed; the geometry stays as the narrowphase wrote it)
-            lists.set_members(li, k, rec, ("bias", "impulse_n", "impulse_t", "impulse_p"))
-            P = rec.impulse_n * rec.normal + jt
-            L = ri.cross(P)
+            t1, t2 = contact_tangents(rec.normal)
+            P = rec.impulse_n * rec.normal + tangent_vector(rec.impulse_t, t1, t2)
+            L = (rec.point - xi).cross(P)
             P_sum += fixed(P, scale)
             L_sum += fixed(L, scale_w)
             check += P.sum() + L.sum()
@@ -414,8 +320,7 @@ class JacobiSolver:
         .body_order: sorted by grid cell, so a warp gathers neighbours that share contacts: the other body's
         velocity is then mostly in cache). Any permutation gives the same result: each thread writes only
         its own body, from the previous iteration's buffers."""
-        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, contacts.prev_base, self, contacts,
-                       order, dt)
+        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, order, dt)
         src = 0
         left = self.iterations
         while left > 0:

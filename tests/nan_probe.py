@@ -25,7 +25,7 @@ def main(stage: str) -> str:
     sim.step()
     sim.contacts.flip()
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
     c, lists, solver = sim.contacts, sim.contacts.lists, sim.solver
 
     def poison():
@@ -37,7 +37,7 @@ def main(stage: str) -> str:
 
     if stage == "prepare":
         poison()
-    kernel_prepare(sim.model, sim.state, lists, c.base, c.prev_base, solver, c, sim.grid.body_order, sim.dt)
+    kernel_prepare(sim.model, sim.state, lists, c.base, solver, c, sim.grid.body_order, sim.dt)
     if stage == "iterations":
         poison()
     kernel_solve_iterations(sim.model, lists, c.base, solver, sim.grid.body_order, 0, 1, sim.dt)

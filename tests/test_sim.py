@@ -108,7 +108,7 @@ def test_contact_geometry_by_hand(sim):
     sim.contacts.begin_step(sim.body_count)
     sim.grid.build(sim.model, sim.state)
     from app.narrowphase import find_contacts
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
     offsets, values = sim.contacts.lists.to_csr()
     # lists and `other` use stored body indices (Z-order of the initial positions): map scene bodies 0, 1, 2
     s0, s1, s2 = (int(sim.internal_of[k]) for k in range(3))
@@ -432,7 +432,7 @@ def _contact_set(sim):
 
     sim.contacts.begin_step(sim.body_count)
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
     offsets, values = sim.contacts.lists.to_csr()
     base = sim.contacts.base
     out = set()
@@ -475,7 +475,7 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
         sim.step()
     sim.contacts.flip()
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
     st = sim.state
     fields = (st.body_pos, st.body_quat, st.body_vel, st.body_omega)
     state0 = [f.to_numpy() for f in fields]
@@ -508,11 +508,10 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
 
 
 def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_key(sim):
-    # kernel_prepare matches each record of this step's list to last step's record of the same (other body,
-    # feature), the first KEY_CACHE keys from registers and the rest scanned in memory. Reference: a dict per
-    # body in plain Python; lists longer than the cache must be among those checked.
+    # The narrowphase gives each new contact the impulses of last step's record of the same pair and feature,
+    # from one of the pair's two lists (both copies were solved alike). Reference: each body's own last list,
+    # as a dict per body in plain Python; lists of more than 8 records must be among those checked.
     from app.narrowphase import find_contacts
-    from app.solver import KEY_CACHE, kernel_prepare
 
     # a 3 x 2 x 3 block of touching boxes on a floor: a box in the middle has up to 4 points with each of its
     # neighbours and so lists of ~20 records, beside the pile's short ones
@@ -524,14 +523,13 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
         sim.step()
     sim.contacts.flip()
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
     lists, c = sim.contacts.lists, sim.contacts
-    offsets, prev = lists.to_csr()
-    kernel_prepare(sim.model, sim.state, lists, c.base, c.prev_base, sim.solver, c, sim.grid.body_order, sim.dt)
-    _, cur = lists.to_csr()
+    offsets, cur = lists.to_csr()
+    prev = cur
     warm = float(sim.model.warm_start[None])
     inv_mass = sim.model.body_inv_mass.to_numpy()
-    checked_beyond_cache = 0
+    checked_beyond_8 = 0
     for i in range(sim.body_count):
         if inv_mass[i] == 0.0:
             continue
@@ -553,8 +551,8 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
                 jt = warm * (old_t - old_t.dot(n) * n)
             t1, t2 = _tangents_ref(cur["normal"][r].astype(np.float64))
             assert np.allclose(cur["impulse_t"][r], [jt.dot(t1), jt.dot(t2)], rtol=1e-4, atol=1e-7), (i, r)
-            checked_beyond_cache += q >= KEY_CACHE
-    assert checked_beyond_cache > 0, "no warm-start partner sat past the register cache: the test needs longer lists"
+            checked_beyond_8 += q >= 8
+    assert checked_beyond_8 > 0, "no warm-start partner sat past the 8th record: the test needs longer lists"
     assert (cur["impulse_n"] > 0).sum() > sim.body_count  # many contacts were warm-started
     sim.load(_small_pile("vla"))
 
