@@ -189,15 +189,17 @@ def _support_face_vertices(pc, R, h, k, sgn):
     sgn * R[:, k]."""
     u = (k + 1) % 3
     v = (k + 2) % 3
-    ax = ti.Vector([R[0, k], R[1, k], R[2, k]])
-    au = ti.Vector([R[0, u], R[1, u], R[2, u]])
-    av = ti.Vector([R[0, v], R[1, v], R[2, v]])
-    fc = pc + ax * (sgn * h[k])
+    ax = _axis_at(R, k)
+    au = _axis_at(R, u)
+    av = _axis_at(R, v)
+    fc = pc + ax * (sgn * _pick(h, k))
+    hu = _pick(h, u)
+    hv = _pick(h, v)
     verts = ti.Matrix.zero(ti.f32, 8, 3)
     su = ti.Vector([1.0, -1.0, -1.0, 1.0])
     sv = ti.Vector([1.0, 1.0, -1.0, -1.0])
     for m in ti.static(range(4)):
-        x = fc + au * (su[m] * h[u]) + av * (sv[m] * h[v])
+        x = fc + au * (su[m] * hu) + av * (sv[m] * hv)
         for d in ti.static(range(3)):
             verts[m, d] = x[d]
     return verts
@@ -228,8 +230,24 @@ def _clip_polygon(poly, count, m, o):
 
 
 @ti.func
-def _axis(R, k):
+def _axis(R, k: ti.template()):
+    """Column k (compile time) of R."""
     return ti.Vector([R[0, k], R[1, k], R[2, k]])
+
+
+# Runtime indices into a box's axes and half extents go through selects, not an index: a local vector or
+# matrix indexed at run time lives in (slow, per-thread) local memory on a GPU, a statically indexed one in
+# registers.
+@ti.func
+def _pick(v, k):
+    """v[k] for a runtime k in 0..2."""
+    return ti.select(k == 0, v[0], ti.select(k == 1, v[1], v[2]))
+
+
+@ti.func
+def _axis_at(R, k):
+    """Column k (runtime, 0..2) of R."""
+    return ti.select(k == 0, _axis(R, 0), ti.select(k == 1, _axis(R, 1), _axis(R, 2)))
 
 
 @ti.func
@@ -245,40 +263,53 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
     best_edge = -1
     best_edge_n = vec3(0.0)
     lmin = ti.min(ha.min(), hb.min())
-    for code in range(15):  # a runtime loop: unrolling 15 axes makes this kernel slow to compile
-        L = vec3(0.0)
-        if code < 3:
-            L = _axis(Ra, code)
-        elif code < 6:
-            L = _axis(Rb, code - 3)
+    # The 15 axes in A's frame (Gottschalk, Lin and Manocha 1996, "OBBTree"): with C = Ra^T Rb (C[i, j] =
+    # A_i . B_j) every projection is a few products of C's entries. No runtime index into a matrix (see
+    # _pick): the 6 face axes are unrolled, the 9 edge axes stay a runtime loop (unrolled, they doubled the
+    # scene's compile time) that picks its entries of C by selects.
+    C = Ra.transpose() @ Rb
+    tA = Ra.transpose() @ t
+    for code in ti.static(range(6)):
+        s = 0.0
+        n = vec3(0.0)
+        if ti.static(code < 3):
+            rb = hb[0] * ti.abs(C[code, 0]) + hb[1] * ti.abs(C[code, 1]) + hb[2] * ti.abs(C[code, 2])
+            tl = tA[code]
+            s = ti.abs(tl) - (ha[code] + rb)
+            n = _axis(Ra, code) * sign_nz(tl)
         else:
-            L = _axis(Ra, (code - 6) // 3).cross(_axis(Rb, (code - 6) % 3))
-        ln = L.norm()
-        if ln > 1e-5 and not separated:
-            L = L / ln
-            ra = ha[0] * ti.abs(_axis(Ra, 0).dot(L)) + ha[1] * ti.abs(_axis(Ra, 1).dot(L)) + ha[2] * ti.abs(
-                _axis(Ra, 2).dot(L))
-            rb = hb[0] * ti.abs(_axis(Rb, 0).dot(L)) + hb[1] * ti.abs(_axis(Rb, 1).dot(L)) + hb[2] * ti.abs(
-                _axis(Rb, 2).dot(L))
-            tl = t.dot(L)
-            s = ti.abs(tl) - (ra + rb)
+            k = ti.static(code - 3)
+            ra = ha[0] * ti.abs(C[0, k]) + ha[1] * ti.abs(C[1, k]) + ha[2] * ti.abs(C[2, k])
+            tl = tA[0] * C[0, k] + tA[1] * C[1, k] + tA[2] * C[2, k]
+            s = ti.abs(tl) - (ra + hb[k])
+            n = _axis(Rb, k) * sign_nz(tl)
+        if not separated:
             if s > margin:
                 separated = True
-            n = L * sign_nz(tl)
-            if code < 6:
-                # a small preference for A's faces keeps the reference face stable between steps
-                bias = 0.0
-                if code >= 3:
-                    bias = 1e-4 * lmin
-                if s > best_face_s + bias:
-                    best_face_s = s
-                    best_face = code
-                    best_face_n = n
-            else:
-                if s > best_edge_s:
-                    best_edge_s = s
-                    best_edge = code
-                    best_edge_n = n
+            # a small preference for A's faces keeps the reference face stable between steps
+            bias = 0.0
+            if ti.static(code >= 3):
+                bias = 1e-4 * lmin
+            if s > best_face_s + bias:
+                best_face_s = s
+                best_face = code
+                best_face_n = n
+    for e in range(9):
+        ia = e // 3
+        c = _axis_at(C, e % 3)   # B_jb in A's frame
+        LA = ti.select(ia == 0, vec3(0.0, -c[2], c[1]), ti.select(ia == 1, vec3(c[2], 0.0, -c[0]),
+                                                                  vec3(-c[1], c[0], 0.0)))   # A_ia x B_jb
+        ln = LA.norm()
+        if ln > 1e-5 and not separated:   # (near-parallel edges: their axis is a face axis's)
+            LA = LA / ln
+            tl = tA.dot(LA)
+            s = ti.abs(tl) - (ha.dot(ti.abs(LA)) + hb.dot(ti.abs(C.transpose() @ LA)))
+            if s > margin:
+                separated = True
+            if s > best_edge_s:
+                best_edge_s = s
+                best_edge = 6 + e
+                best_edge_n = (Ra @ LA) * sign_nz(tl)
     if not separated and best_face >= 0:
         use_edge = best_edge >= 0 and best_edge_s > EDGE_REL_TOL * best_face_s + EDGE_ABS_TOL * lmin
         if use_edge:
@@ -292,8 +323,8 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
                     pA += _axis(Ra, k) * (sign_nz(_axis(Ra, k).dot(n)) * ha[k])
                 if k != jb:
                     pB -= _axis(Rb, k) * (sign_nz(_axis(Rb, k).dot(n)) * hb[k])
-            da = _axis(Ra, ia)
-            db = _axis(Rb, jb)
+            da = _axis_at(Ra, ia)
+            db = _axis_at(Rb, jb)
             r = pA - pB
             b = da.dot(db)
             c = da.dot(r)
@@ -304,8 +335,8 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
             if denom > 1e-8:
                 sa = (b * f - c) / denom
                 tb = (f - b * c) / denom
-            sa = ti.math.clamp(sa, -ha[ia], ha[ia])
-            tb = ti.math.clamp(tb, -hb[jb], hb[jb])
+            sa = ti.math.clamp(sa, -_pick(ha, ia), _pick(ha, ia))
+            tb = ti.math.clamp(tb, -_pick(hb, jb), _pick(hb, jb))
             point = 0.5 * (pA + da * sa + pB + db * tb)
             mf.normal = n
             manifold_add(mf, point, -best_edge_s, FEATURE_STRIDE * best_edge)
@@ -327,19 +358,21 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
                 if d > best_dot:
                     best_dot = d
                     ki = m
-            poly = _support_face_vertices(pi_, Ri, hi, ki, -sign_nz(_axis(Ri, ki).dot(nr)))
+            poly = _support_face_vertices(pi_, Ri, hi, ki, -sign_nz(_axis_at(Ri, ki).dot(nr)))
             count = 4
             u = (k + 1) % 3
             v = (k + 2) % 3
-            au = _axis(Rr, u)
-            av = _axis(Rr, v)
+            au = _axis_at(Rr, u)
+            av = _axis_at(Rr, v)
+            hru = _pick(hr, u)
+            hrv = _pick(hr, v)
             for side in range(4):  # the reference face's four side planes, one inlined clip
                 ax = au if side < 2 else av
-                hw = hr[u] if side < 2 else hr[v]
+                hw = hru if side < 2 else hrv
                 sg = 1.0 if side % 2 == 0 else -1.0
                 if count > 0:
                     poly, count = _clip_polygon(poly, count, sg * ax, sg * ax.dot(pr) + hw)
-            cr = pr + nr * hr[k]
+            cr = pr + nr * _pick(hr, k)
             # keep the points at most `margin` above the reference face
             depth = ti.Vector.zero(ti.f32, 8)
             keep = 0
