@@ -265,8 +265,9 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
     lmin = ti.min(ha.min(), hb.min())
     # The 15 axes in A's frame (Gottschalk, Lin and Manocha 1996, "OBBTree"): with C = Ra^T Rb (C[i, j] =
     # A_i . B_j) every projection is a few products of C's entries. No runtime index into a matrix (see
-    # _pick): the 6 face axes are unrolled, the 9 edge axes stay a runtime loop (unrolled, they doubled the
-    # scene's compile time) that picks its entries of C by selects.
+    # _pick): the 6 face axes are unrolled, the 9 edge axes are a runtime loop that picks its entries of C by
+    # selects (less code to compile; H200, landed pile_1m: the box-box loop 2.26 -> 1.63 ms against the
+    # earlier runtime loop over all 15 axes that indexed Ra and Rb by its counter).
     C = Ra.transpose() @ Rb
     tA = Ra.transpose() @ t
     for code in ti.static(range(6)):

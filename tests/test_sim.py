@@ -14,6 +14,8 @@ import pytest
 ti = pytest.importorskip("taichi")
 
 from app.errors import UserError  # noqa: E402
+from app.math3d import quat_to_mat  # noqa: E402
+from app.narrowphase import collide_box_box  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +142,124 @@ def test_box_box_face_manifold_has_four_points(sim):
     for _ in range(200):
         sim.step()
     assert abs(sim.positions()[1, 1] - 1.3) < 0.01 * 0.3
+
+
+_nd2 = ti.types.ndarray(dtype=ti.f32, ndim=2)
+_nd1i = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+
+@ti.kernel
+def _k_box_box(pa: _nd2, qa: _nd2, ha: _nd2, pb: _nd2, qb: _nd2, hb: _nd2, margin: ti.f32, count: _nd1i,
+               normal: _nd2):
+    for p in range(pa.shape[0]):
+        m = collide_box_box(ti.Vector([pa[p, 0], pa[p, 1], pa[p, 2]]),
+                            quat_to_mat(ti.Vector([qa[p, 0], qa[p, 1], qa[p, 2], qa[p, 3]])),
+                            ti.Vector([ha[p, 0], ha[p, 1], ha[p, 2]]), ti.Vector([pb[p, 0], pb[p, 1], pb[p, 2]]),
+                            quat_to_mat(ti.Vector([qb[p, 0], qb[p, 1], qb[p, 2], qb[p, 3]])),
+                            ti.Vector([hb[p, 0], hb[p, 1], hb[p, 2]]), margin)
+        count[p] = m.count
+        for d in ti.static(range(3)):
+            normal[p, d] = m.normal[d]
+
+
+def _quat_to_mat_ref(q):
+    w, x, y, z = q
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+
+
+def _box_box_axis_ref(pa, Ra, ha, pb, Rb, hb, margin, tie):
+    """Plain float64 separating-axis test over the 15 world-frame axes, with the narrowphase's preferences
+    (B's faces need 1e-4 * smallest half extent more than A's; an edge axis wins only past EDGE_REL_TOL x the
+    face's separation + EDGE_ABS_TOL x the smallest half extent). Returns (separated, normal from A to B, axis
+    code: 0-5 faces, 6-14 edges), or None when a decision is within `tie` of flipping (float32 may round it
+    either way)."""
+    from app.narrowphase import EDGE_ABS_TOL, EDGE_REL_TOL
+
+    t = pb - pa
+    lmin = min(ha.min(), hb.min())
+    axes = [Ra[:, k] for k in range(3)] + [Rb[:, k] for k in range(3)]
+    axes += [np.cross(Ra[:, i], Rb[:, j]) for i in range(3) for j in range(3)]
+    seps, normals = [], []
+    for code, L in enumerate(axes):
+        ln = np.linalg.norm(L)
+        if code >= 6 and ln <= 1e-5:
+            seps.append(None)
+            normals.append(None)
+            continue
+        L = L / ln
+        tl = t @ L
+        seps.append(abs(tl) - (ha @ np.abs(Ra.T @ L) + hb @ np.abs(Rb.T @ L)))
+        normals.append(L * (1.0 if tl >= 0 else -1.0))
+    valid = [s for s in seps if s is not None]
+    if min(abs(s - margin) for s in valid) < tie:
+        return None
+    if max(valid) > margin:
+        return True, None, -1
+    face = [s + (1e-4 * lmin if code >= 3 else 0.0) for code, s in enumerate(seps[:6])]   # to beat
+    order = np.argsort(face)[::-1]
+    best_face = int(order[0])
+    if face[order[0]] - face[order[1]] < tie:
+        return None
+    edge = [(s, code) for code, s in enumerate(seps) if code >= 6 and s is not None]
+    best_edge_s, best_edge = max(edge) if edge else (-1e30, -1)
+    line = EDGE_REL_TOL * seps[best_face] + EDGE_ABS_TOL * lmin
+    if abs(best_edge_s - line) < tie:
+        return None
+    if best_edge_s > line:
+        others = sorted(s for s, _ in edge)
+        if len(others) > 1 and others[-1] - others[-2] < tie:
+            return None
+        return False, normals[best_edge], best_edge
+    return False, normals[best_face], best_face
+
+
+def test_box_box_separating_axes_match_a_float64_reference(sim):
+    # collide_box_box runs its separating-axis test in box A's frame on C = Ra^T Rb (session 11); a plain
+    # float64 test over the 15 world-frame axes must agree on every random pair: separated or not, and which
+    # axis (the manifold's normal) when they touch. Pairs whose decision lies within TIE of flipping are
+    # skipped (float32 vs float64 rounding). Tolerance on the normal: 1e-4 (float32 axes of unit length).
+    TIE = 1e-4
+    rng = np.random.default_rng(11)
+    n = 3000
+    q = rng.normal(size=(2, n, 4))
+    q /= np.linalg.norm(q, axis=2, keepdims=True)
+    h = rng.uniform(0.05, 0.5, size=(2, n, 3))
+    pa = rng.uniform(-1, 1, size=(n, 3))
+    d = rng.normal(size=(n, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    reach = np.linalg.norm(h[0], axis=1) + np.linalg.norm(h[1], axis=1)
+    pb = pa + d * (reach * rng.uniform(0.2, 1.1, size=n))[:, None]
+    # some pairs exactly aligned (resting stacks): parallel edges, whose cross products vanish
+    aligned = rng.random(n) < 0.15
+    q[1][aligned] = q[0][aligned]
+    margin = 0.01
+    count = np.zeros(n, np.int32)
+    normal = np.zeros((n, 3), np.float32)
+    f32 = np.float32
+    _k_box_box(pa.astype(f32), q[0].astype(f32), h[0].astype(f32), pb.astype(f32), q[1].astype(f32),
+               h[1].astype(f32), margin, count, normal)
+    kinds = {"separated": 0, "face": 0, "edge": 0, "skipped": 0}
+    for p in range(n):
+        # the reference sees the float32 inputs the kernel saw
+        a = [x.astype(f32).astype(np.float64) for x in (pa[p], q[0][p], h[0][p], pb[p], q[1][p], h[1][p])]
+        ref = _box_box_axis_ref(a[0], _quat_to_mat_ref(a[1]), a[2], a[3], _quat_to_mat_ref(a[4]), a[5], margin, TIE)
+        if ref is None:
+            kinds["skipped"] += 1
+            continue
+        separated, nrm, code = ref
+        if separated:
+            kinds["separated"] += 1
+            assert count[p] == 0, p
+            continue
+        if count[p] == 0:   # overlapping by the axes, but every clipped point more than the margin apart
+            kinds["skipped"] += 1
+            continue
+        assert np.abs(normal[p] - nrm).max() < 1e-4, (p, normal[p], nrm)
+        kinds["edge" if code >= 6 else "face"] += 1
+    assert kinds["separated"] > 300 and kinds["face"] > 300 and kinds["edge"] > 100, kinds
+    assert kinds["skipped"] < n // 10, kinds
 
 
 def test_explosion_is_detected_with_body_and_step(sim):
