@@ -543,7 +543,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             if vn0 < -threshold and depth > vn0 * dt:
                 bias = -e * vn0   # it touches within this step: bounce
             jn = 0.0
-            jt = vec3(0.0)   # copy i's friction impulse, 3-D
+            c = ti.Vector([0.0, 0.0])   # copy i's friction impulse, along its tangents
             p = -1
             if searched:
                 p = _find_key(lists, lp, key, m.feature[q])
@@ -553,9 +553,8 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 # plane turned a little since: keep the in-plane part
                 o1, o2 = contact_tangents(lists.get_member(lp, p, "normal"))
                 old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2) * ti.select(s == i, 1.0, -1.0)
-                jt = warm * (old_t - old_t.dot(n) * n)
-            t1, t2 = contact_tangents(n)
-            c = tangent_coords(jt, t1, t2)
+                t1, t2 = contact_tangents(n)
+                c = tangent_coords(warm * (old_t - old_t.dot(n) * n), t1, t2)
             # the basis of -n is (-t1, t2): the other copy's coordinates of -jt are (c0, -c1)
             lists.append(base + i, _record(point, n, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
                                            c * ti.select(inv_i > 0.0, 1.0, 0.0)))
@@ -598,8 +597,9 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     5 of 32 lanes of a warp active in the box-box loop). Then one loop over the pending appends (pairs
     that overflowed their lists; the pairs are not committed yet when both kernels run inside one
     vla.launch), usually none.
-    Inputs: model (shapes, planes, contact_margin), state (poses), grid (body_order, pairs). Outputs: lists
-    (contact storage), contacts.max_depth (atomic max). compact: scratch of grid.compact_pairs_size(n)
+    Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: the
+    restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
+    start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of grid.compact_pairs_size(n)
     entries. Emptying the lists first (a separate loop of the same launch) makes the kernel safe to re-run
     as a whole, which vla.launch(..., rollback=False) relies on."""
     n = model.body_count[None]

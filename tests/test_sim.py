@@ -197,7 +197,7 @@ def _box_box_axis_ref(pa, Ra, ha, pb, Rb, hb, margin, tie):
         return None
     if max(valid) > margin:
         return True, None, -1
-    face = [s + (1e-4 * lmin if code >= 3 else 0.0) for code, s in enumerate(seps[:6])]   # to beat
+    face = [s - (1e-4 * lmin if code >= 3 else 0.0) for code, s in enumerate(seps[:6])]   # B's faces handicapped
     order = np.argsort(face)[::-1]
     best_face = int(order[0])
     if face[order[0]] - face[order[1]] < tie:
