@@ -28,27 +28,44 @@ never recompiles anything.
 import numpy as np
 import taichi as ti
 
+from app.math3d import decode_normal
+
 vec3 = ti.types.vector(3, ti.f32)
 vec2 = ti.types.vector(2, ti.f32)
 
 # One contact as seen from the body that owns the list.
 #   point: vec3 m, world contact point (shared by both bodies' copies of a pair contact)
-#   normal: vec3, unit, the direction in which this contact pushes the owner (away from `other`)
+#   normal_code: i32, app.math3d.encode_normal of the pair's normal as it pushes the pair's lower-index body
+#       (the body, for a plane contact): the same code in both copies. record_normal(rec, owner) gives the
+#       unit normal that pushes the list's owner (away from `other`); the other copy's is its exact negative
 #   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
 #   other: i32, the other body, or -1 - plane for a static plane
 #   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
 #   impulse_n: f32 N s, accumulated normal impulse
 #   impulse_t: vec2 N s, accumulated friction impulse as coordinates along the tangents (t1, t2) that
-#       app.math3d.contact_tangents(normal) gives (2 floats instead of a vec3: a 56-byte record)
+#       app.math3d.contact_tangents(normal) gives (2 floats instead of a vec3)
 #   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
-# Member order matters to the vla storage, which packs a record into seven 64-bit words in this order (VLA
-# layout "words"): (point.x, .y) (point.z, depth) (normal.x, .y) (normal.z, bias) (other, feature)
+# 48 bytes. Member order matters to the vla storage, which packs a record into six 64-bit words in this order
+# (VLA layout "words"): (point.x, .y) (point.z, depth) (normal_code, bias) (other, feature)
 # (impulse_n, impulse_t.x) (impulse_t.y, impulse_p). The solver's accumulated impulses then fill the last two
 # words, which each iteration writes without reading them back, and the warm-start key (other, feature) is
 # one load.
-ContactRecord = ti.types.struct(point=vec3, depth=ti.f32, normal=vec3, bias=ti.f32, other=ti.i32, feature=ti.i32,
-                                impulse_n=ti.f32, impulse_t=vec2, impulse_p=ti.f32)
-CONTACT_RECORD_BYTES = 4 * (3 + 1 + 3 + 1 + 1 + 1 + 1 + 2 + 1)
+ContactRecord = ti.types.struct(point=vec3, depth=ti.f32, normal_code=ti.i32, bias=ti.f32, other=ti.i32,
+                                feature=ti.i32, impulse_n=ti.f32, impulse_t=vec2, impulse_p=ti.f32)
+CONTACT_RECORD_BYTES = 4 * (3 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 1)
+
+
+@ti.func
+def normal_sign(owner, other):
+    """+1 if the list of `owner` holds the copy whose normal the code stores (owner is the pair's lower index,
+    or the contact is with a plane), else -1."""
+    return ti.select(other < 0 or owner < other, 1.0, -1.0)
+
+
+@ti.func
+def record_normal(rec, owner):
+    """Unit vec3 normal of contact record rec in the list of body `owner`: it pushes the owner."""
+    return normal_sign(owner, rec.other) * decode_normal(rec.normal_code)
 
 
 def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,
@@ -261,7 +278,7 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
         # first 250 steps of pile_1m from a 1-chunk pool).
         # Whole records contiguous, as 64-bit words ("words"): the narrowphase appends, and the solver reads,
-        # a record at a time, in 7 loads instead of 14. Why 5 inline: with 64-byte records neighbouring
+        # a record at a time, in 6 loads instead of 12. Why 5 inline: with 64-byte records neighbouring
         # threads' lists 4 x 64 = 256 bytes apart were slower than 5 x 64 = 320 (H200, landed pile_1m, Jacobi
         # iteration 0.885 vs 0.828 ms, session 9; a power-of-two stride between threads is the slow case).
         # With the 56-byte record (session 10) 4 and 5 inline run alike (0.754 / 0.749 ms) and 5 holds less:
@@ -338,5 +355,5 @@ class ContactSet:
     def stats(self) -> dict:
         s = dict(self.lists.stats())
         s["kind"] = self.kind
-        s["element_bytes"] = CONTACT_RECORD_BYTES   # the members; a vla stores each record in 56 (7 words)
+        s["element_bytes"] = CONTACT_RECORD_BYTES   # the members; a vla stores each record in as many (6 words)
         return s

@@ -73,3 +73,43 @@ def tangent_coords(v, t1, t2):
 def tangent_vector(c, t1, t2):
     """The vector with coordinates c (vec2) along the tangents (t1, t2): inverse of tangent_coords."""
     return c[0] * t1 + c[1] * t2
+
+
+# A unit normal in one 32-bit word: octahedral coordinates (Cigolle et al., "A Survey of Efficient
+# Representations for Independent Unit Vectors", JCGT 2014) as two 16-bit signed integers (x in the low
+# half). Worst angular error 6.4e-5 rad (2M random normals); the six axis directions come back exactly. A
+# contact record stores its normal so (app.contacts), 8 bytes less than a vec3: the Jacobi iterations stream
+# every record from memory each pass (H200, landed pile_1m: 56 -> 48-byte records, one iteration 0.747 ->
+# 0.716 ms with the vla storage, 0.99 -> 0.92 ms with padded, which loads each member on its own).
+NORMAL_CODE_SCALE = 32767.0
+
+
+@ti.func
+def encode_normal(n):
+    """The i32 code of the unit vec3 n (see NORMAL_CODE_SCALE)."""
+    inv_l1 = 1.0 / (ti.abs(n[0]) + ti.abs(n[1]) + ti.abs(n[2]))
+    px = n[0] * inv_l1
+    py = n[1] * inv_l1
+    if n[2] < 0.0:   # the lower hemisphere folds over the diagonals
+        fx = (1.0 - ti.abs(py)) * sign_nz(px)
+        fy = (1.0 - ti.abs(px)) * sign_nz(py)
+        px = fx
+        py = fy
+    qx = ti.cast(ti.round(ti.math.clamp(px, -1.0, 1.0) * NORMAL_CODE_SCALE), ti.i32)
+    qy = ti.cast(ti.round(ti.math.clamp(py, -1.0, 1.0) * NORMAL_CODE_SCALE), ti.i32)
+    return (qx & 0xFFFF) | (qy << 16)
+
+
+@ti.func
+def decode_normal(code):
+    """The unit vec3 of an encode_normal code."""
+    px = ti.cast((code << 16) >> 16, ti.f32) / NORMAL_CODE_SCALE   # (arithmetic shifts: sign-extended halves)
+    py = ti.cast(code >> 16, ti.f32) / NORMAL_CODE_SCALE
+    z = 1.0 - ti.abs(px) - ti.abs(py)
+    x = px
+    y = py
+    if z < 0.0:
+        x = (1.0 - ti.abs(py)) * sign_nz(px)
+        y = (1.0 - ti.abs(px)) * sign_nz(py)
+    v = vec3(x, y, z)
+    return v / ti.sqrt(v.dot(v))

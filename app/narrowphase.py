@@ -23,8 +23,9 @@ from vla.scan import exclusive_scan
 
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
-from app.contacts import ContactRecord
-from app.math3d import contact_tangents, quat_to_mat, sign_nz, tangent_coords, tangent_vector
+from app.contacts import ContactRecord, normal_sign
+from app.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
+                         tangent_vector)
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -40,8 +41,8 @@ EDGE_ABS_TOL = 0.01
 
 
 @ti.func
-def _record(point, normal, depth, other, feature, bias, impulse_n, impulse_t):
-    return ContactRecord(point=point, normal=normal, depth=depth, other=other, feature=feature, impulse_n=impulse_n,
+def _record(point, normal_code, depth, other, feature, bias, impulse_n, impulse_t):
+    return ContactRecord(point=point, normal_code=normal_code, depth=depth, other=other, feature=feature, impulse_n=impulse_n,
                          impulse_t=impulse_t, impulse_p=0.0, bias=bias)
 
 
@@ -535,7 +536,10 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
         for q in range(m.count):
             point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
             depth = m.depth[q]
-            n = ti.select(j < 0, m.normal, -m.normal)   # copy i's normal: it pushes i
+            # copy i's normal (it pushes i), as both copies will store it: encoded, and used decoded from here
+            # on, so that the warm start's tangent coordinates refer to the basis the solver rebuilds
+            code = encode_normal(ti.select(j < 0, m.normal, -m.normal))
+            n = decode_normal(code)
             ri = point - xi
             rj = point - xj
             vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(n)
@@ -551,15 +555,15 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 jn = warm * lists.get_member(lp, p, "impulse_n")
                 # last step's friction impulse, back in 3-D from its own basis (as seen by i); the tangent
                 # plane turned a little since: keep the in-plane part
-                o1, o2 = contact_tangents(lists.get_member(lp, p, "normal"))
+                o1, o2 = contact_tangents(normal_sign(s, key) * decode_normal(lists.get_member(lp, p, "normal_code")))
                 old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2) * ti.select(s == i, 1.0, -1.0)
                 t1, t2 = contact_tangents(n)
                 c = tangent_coords(warm * (old_t - old_t.dot(n) * n), t1, t2)
             # the basis of -n is (-t1, t2): the other copy's coordinates of -jt are (c0, -c1)
-            lists.append(base + i, _record(point, n, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
+            lists.append(base + i, _record(point, code, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
                                            c * ti.select(inv_i > 0.0, 1.0, 0.0)))
             if j >= 0:
-                lists.append(base + j, _record(point, -n, depth, i, m.feature[q], bias,
+                lists.append(base + j, _record(point, code, depth, i, m.feature[q], bias,
                                                ti.select(inv_j > 0.0, jn, 0.0),
                                                ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
             atomic_max_rare(contacts.max_depth, depth)

@@ -11,6 +11,7 @@ model.body_shape, model.body_material, the contact lists) and write only the vie
 """
 import taichi as ti
 
+from app.contacts import record_normal
 from app.math3d import quat_to_mat
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -80,7 +81,7 @@ def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: t
                 if slot < cap:
                     glyph_point[slot] = c.point
                     glyph_line[2 * slot] = c.point
-                    glyph_line[2 * slot + 1] = c.point + normal_length * c.normal
+                    glyph_line[2 * slot + 1] = c.point + normal_length * record_normal(c, i)
 
 
 @ti.kernel

@@ -29,6 +29,7 @@ per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
 
 import taichi as ti
 
+from app.contacts import record_normal
 from app.integrator import kernel_integrate
 from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_inv_inertia
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
@@ -151,8 +152,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             rec = lists.get(li, k)
             if rec.other > i or rec.other < 0:
                 counted += 1
-            t1, t2 = contact_tangents(rec.normal)
-            P = rec.impulse_n * rec.normal + tangent_vector(rec.impulse_t, t1, t2)
+            normal = record_normal(rec, i)
+            t1, t2 = contact_tangents(normal)
+            P = rec.impulse_n * normal + tangent_vector(rec.impulse_t, t1, t2)
             L = (rec.point - xi).cross(P)
             P_sum += fixed(P, scale)
             L_sum += fixed(L, scale_w)
@@ -218,7 +220,7 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
             for k in range(n_i):
                 rec = lists.get(li, k)
                 j = rec.other
-                n = rec.normal
+                n = record_normal(rec, i)
                 ri = rec.point - xi
                 mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
                 bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),

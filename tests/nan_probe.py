@@ -1,5 +1,5 @@
 """Run by tests/test_sim.py in a subprocess: Taichi with fast math (its default, as run.py uses it), one sphere
-resting on a plane, a NaN put into its contact's normal either before the solver step ("prepare") or after
+resting on a plane, a NaN put into its contact's point either before the solver step ("prepare") or after
 kernel_prepare, before the Jacobi iterations ("iterations"); prints what Simulation.check() raises."""
 import sys
 from pathlib import Path
@@ -32,7 +32,7 @@ def main(stage: str) -> str:
         offsets, values = lists.to_csr()
         first = int(offsets[c.base])
         assert offsets[c.base + 1] - first == 1  # the sphere's one plane contact
-        values["normal"][first] = np.nan
+        values["point"][first] = np.nan   # (the normal is an integer code: app.math3d.encode_normal)
         lists.from_csr(offsets, values)
 
     if stage == "prepare":
