@@ -86,7 +86,9 @@ NORMAL_CODE_SCALE = 32767.0
 
 @ti.func
 def encode_normal(n):
-    """The i32 code of the unit vec3 n (see NORMAL_CODE_SCALE)."""
+    """The i32 code of the unit vec3 n (see NORMAL_CODE_SCALE). A NaN normal has no code (it comes out as some
+    direction): one comes only from a NaN pose, which the health check reports through the contact's point and
+    the bodies' state."""
     inv_l1 = 1.0 / (ti.abs(n[0]) + ti.abs(n[1]) + ti.abs(n[2]))
     px = n[0] * inv_l1
     py = n[1] * inv_l1

@@ -42,8 +42,8 @@ EDGE_ABS_TOL = 0.01
 
 @ti.func
 def _record(point, normal_code, depth, other, feature, bias, impulse_n, impulse_t):
-    return ContactRecord(point=point, normal_code=normal_code, depth=depth, other=other, feature=feature, impulse_n=impulse_n,
-                         impulse_t=impulse_t, impulse_p=0.0, bias=bias)
+    return ContactRecord(point=point, normal_code=normal_code, depth=depth, other=other, feature=feature,
+                         impulse_n=impulse_n, impulse_t=impulse_t, impulse_p=0.0, bias=bias)
 
 
 @ti.func
