@@ -212,6 +212,9 @@ def main(argv=None) -> int:
             r["storage"] = storage
             r["repeat"] = rep
             rows.append(r)
+            # written after every run, so that a run cut short (a device call's time limit) keeps what finished
+            _write_results(args.out, next((x["arch"] for x in rows if "arch" in x), arch), args.small, steps,
+                           args.repeats, rows)
             if "error" in r:
                 print(f"{name:10s} {storage:8s} FAILED: {r['error']}", file=sys.stderr)
                 continue
@@ -219,16 +222,21 @@ def main(argv=None) -> int:
                   f"{r['contacts_at_end']:9d} contacts  {r['contact_reserved_bytes'] / 2**20:9.1f} MiB  "
                   f"overflow {r['padded_overflow']}", file=sys.stderr)
     arch = next((r["arch"] for r in rows if "arch" in r), arch)
-    summary = summarize(rows)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "sim_bench.json"), "w") as fh:
-        json.dump({"arch": arch, "small": args.small, "steps": steps, "repeats": args.repeats, "runs": rows,
-                   "summary": summary}, fh, indent=1)
-    md = f"# Simulator benchmark ({arch}{', --small' if args.small else ''})\n\n" + _table(summary)
-    with open(os.path.join(args.out, "sim_bench.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    print(_write_results(args.out, arch, args.small, steps, args.repeats, rows))
     return 0
+
+
+def _write_results(out_dir, arch, small, steps, repeats, rows) -> str:
+    """sim_bench.json (every run and the summary) and sim_bench.md (the table) in out_dir; returns the table."""
+    summary = summarize(rows)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "sim_bench.json"), "w") as fh:
+        json.dump({"arch": arch, "small": small, "steps": steps, "repeats": repeats, "runs": rows,
+                   "summary": summary}, fh, indent=1)
+    md = f"# Simulator benchmark ({arch}{', --small' if small else ''})\n\n" + _table(summary)
+    with open(os.path.join(out_dir, "sim_bench.md"), "w") as fh:
+        fh.write(md)
+    return md
 
 
 if __name__ == "__main__":
