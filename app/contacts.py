@@ -282,7 +282,8 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # threads' lists 4 x 64 = 256 bytes apart were slower than 5 x 64 = 320 (H200, landed pile_1m, Jacobi
         # iteration 0.885 vs 0.828 ms, session 9; a power-of-two stride between threads is the slow case).
         # With the 56-byte record (session 10) 4 and 5 inline run alike (0.754 / 0.749 ms) and 5 holds less:
-        # with 4, more lists spill into the pool's chunks (contact memory 2,147 vs 2,120 MiB).
+        # with 4, more lists spill into the pool's chunks (contact memory 2,147 vs 2,120 MiB). With the 48-byte
+        # record (session 12) 6 and 8 inline were not faster (bench sim 13.05 / 12.82 ms against 12.33-12.64).
         return VLA(num_arrays, dtype, inline_capacity=5, chunk_size=4,
                    reserve=int(num_arrays * pool_per_list), layout="words", name=name)
     if kind == "padded":
