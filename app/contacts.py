@@ -56,16 +56,17 @@ CONTACT_RECORD_BYTES = 4 * (3 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 1)
 
 
 @ti.func
-def normal_sign(owner, other):
-    """+1 if the list of `owner` holds the copy whose normal the code stores (owner is the pair's lower index,
-    or the contact is with a plane), else -1."""
-    return ti.select(other < 0 or owner < other, 1.0, -1.0)
+def oriented_normal(code, owner, other):
+    """Unit vec3 normal, pushing `owner`, of a contact between owner and `other` whose record holds normal_code
+    `code`: the code's own direction when owner is the pair's lower index or the contact is with a plane, else
+    its negative."""
+    return ti.select(other < 0 or owner < other, 1.0, -1.0) * decode_normal(code)
 
 
 @ti.func
 def record_normal(rec, owner):
     """Unit vec3 normal of contact record rec in the list of body `owner`: it pushes the owner."""
-    return normal_sign(owner, rec.other) * decode_normal(rec.normal_code)
+    return oriented_normal(rec.normal_code, owner, rec.other)
 
 
 def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,

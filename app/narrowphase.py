@@ -23,7 +23,7 @@ from vla.scan import exclusive_scan
 
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
-from app.contacts import ContactRecord, normal_sign
+from app.contacts import ContactRecord, oriented_normal
 from app.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 
@@ -555,7 +555,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 jn = warm * lists.get_member(lp, p, "impulse_n")
                 # last step's friction impulse, back in 3-D from its own basis (as seen by i); the tangent
                 # plane turned a little since: keep the in-plane part
-                o1, o2 = contact_tangents(normal_sign(s, key) * decode_normal(lists.get_member(lp, p, "normal_code")))
+                o1, o2 = contact_tangents(oriented_normal(lists.get_member(lp, p, "normal_code"), s, key))
                 old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2) * ti.select(s == i, 1.0, -1.0)
                 t1, t2 = contact_tangents(n)
                 c = tangent_coords(warm * (old_t - old_t.dot(n) * n), t1, t2)
@@ -603,8 +603,8 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     vla.launch), usually none.
     Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: the
     restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
-    start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of grid.compact_pairs_size(n)
-    entries. Emptying the lists first (a separate loop of the same launch) makes the kernel safe to re-run
+    start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of
+    grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the kernel safe to re-run
     as a whole, which vla.launch(..., rollback=False) relies on."""
     n = model.body_count[None]
     for i in range(n):

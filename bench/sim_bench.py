@@ -213,21 +213,21 @@ def main(argv=None) -> int:
             r["repeat"] = rep
             rows.append(r)
             # written after every run, so that a run cut short (a device call's time limit) keeps what finished
-            _write_results(args.out, next((x["arch"] for x in rows if "arch" in x), arch), args.small, steps,
-                           args.repeats, rows)
+            _write_results(args.out, arch, args.small, steps, args.repeats, rows)
             if "error" in r:
                 print(f"{name:10s} {storage:8s} FAILED: {r['error']}", file=sys.stderr)
                 continue
             print(f"{name:10s} {r['bodies']:8d} bodies  {storage:8s} {r['ms_per_step']:8.2f} ms/step  "
                   f"{r['contacts_at_end']:9d} contacts  {r['contact_reserved_bytes'] / 2**20:9.1f} MiB  "
                   f"overflow {r['padded_overflow']}", file=sys.stderr)
-    arch = next((r["arch"] for r in rows if "arch" in r), arch)
     print(_write_results(args.out, arch, args.small, steps, args.repeats, rows))
     return 0
 
 
 def _write_results(out_dir, arch, small, steps, repeats, rows) -> str:
-    """sim_bench.json (every run and the summary) and sim_bench.md (the table) in out_dir; returns the table."""
+    """sim_bench.json (every run and the summary) and sim_bench.md (the table) in out_dir; returns the table.
+    arch: the one a run reports taking, else the --arch asked for."""
+    arch = next((r["arch"] for r in rows if "arch" in r), arch)
     summary = summarize(rows)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "sim_bench.json"), "w") as fh:
