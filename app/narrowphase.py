@@ -604,8 +604,8 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: the
     restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
     start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of
-    grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the kernel safe to re-run
-    as a whole, which vla.launch(..., rollback=False) relies on."""
+    grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the
+    kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
     n = model.body_count[None]
     for i in range(n):
         lists.clear(base + i)

@@ -712,8 +712,7 @@ def test_normal_code_round_trips_within_7e_5_rad_and_axes_exactly(sim):
     # within 7e-5 rad of the original (the octahedral map's worst case with 16-bit coordinates: 6.4e-5 in float64
     # on 2M random normals, plus f32 rounding), exact on the six axes (resting contacts on floors and walls keep
     # exact normals), and the codes must match a numpy reference (one step of 1/32767 where a float rounds at a
-    # tie). Normals: random, both
-    # hemispheres, on and near the fold (z ~ 0) and the octahedron's edges (x or y ~ 0).
+    # tie). Normals: random, both hemispheres, on and near the fold (z ~ 0) and the octahedron's edges (x or y ~ 0).
     from app.math3d import decode_normal, encode_normal
 
     rng = np.random.default_rng(21)
