@@ -35,12 +35,14 @@ vec2 = ti.types.vector(2, ti.f32)
 
 # One contact as seen from the body that owns the list.
 #   point: vec3 m, world contact point (shared by both bodies' copies of a pair contact)
-#   normal_code: i32, app.math3d.encode_normal of the pair's normal as it pushes the pair's lower-index body
-#       (the body, for a plane contact): the same code in both copies. record_normal(rec, owner) gives the
-#       unit normal that pushes the list's owner (away from `other`); the other copy's is its exact negative
+#   normal_code: i32, app.math3d.encode_normal of the pair's normal as it pushes the pair's first body (the
+#       lower body id, app.model.Model.body_id; the body, for a plane contact): the same code in both copies.
+#       record_normal(rec) gives the unit normal that pushes the list's owner (away from `other`); the second
+#       body's copy's is the exact negative of the first's
 #   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
-#   other: i32, the other body, or -1 - plane for a static plane
-#   feature: i32, which geometric feature pair produced it (same in both copies); warm-start key with other
+#   other: i32, the other body (stored index), or -1 - plane for a static plane
+#   feature: i32, which geometric feature pair produced it, with SECOND_COPY set in the second body's copy;
+#       the warm-start key together with other
 #   impulse_n: f32 N s, accumulated normal impulse
 #   impulse_t: vec2 N s, accumulated friction impulse as coordinates along the tangents (t1, t2) that
 #       app.math3d.contact_tangents(normal) gives (2 floats instead of a vec3)
@@ -54,19 +56,29 @@ ContactRecord = ti.types.struct(point=vec3, depth=ti.f32, normal_code=ti.i32, bi
                                 feature=ti.i32, impulse_n=ti.f32, impulse_t=vec2, impulse_p=ti.f32)
 CONTACT_RECORD_BYTES = 4 * (3 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 1)
 
-
-@ti.func
-def oriented_normal(code, owner, other):
-    """Unit vec3 normal, pushing `owner`, of a contact between owner and `other` whose record holds normal_code
-    `code`: the code's own direction when owner is the pair's lower index or the contact is with a plane, else
-    its negative."""
-    return ti.select(other < 0 or owner < other, 1.0, -1.0) * decode_normal(code)
+# Set in `feature` of the second body's copy of a pair contact. Which copy a record is, not which of the two
+# stored indices is lower, orients its normal: stored indices change when the bodies are re-sorted
+# (app.reorder), and a record read in the solver needs no body id loaded to know its sign.
+SECOND_COPY = 1 << 30
 
 
 @ti.func
-def record_normal(rec, owner):
-    """Unit vec3 normal of contact record rec in the list of body `owner`: it pushes the owner."""
-    return oriented_normal(rec.normal_code, owner, rec.other)
+def copy_normal(code, feature):
+    """Unit vec3 normal, pushing the list's owner, of a record holding normal_code `code` and `feature`."""
+    return ti.select((feature & SECOND_COPY) != 0, -1.0, 1.0) * decode_normal(code)
+
+
+@ti.func
+def record_normal(rec):
+    """Unit vec3 normal of contact record rec: it pushes the owner of the list that holds rec."""
+    return copy_normal(rec.normal_code, rec.feature)
+
+
+@ti.func
+def first_copy(rec):
+    """True for a plane contact and for the first body's copy of a pair contact: counting these counts every
+    contact point once."""
+    return (rec.feature & SECOND_COPY) == 0
 
 
 def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,

@@ -66,6 +66,13 @@ def body_mass_properties(bodies, materials):
     return mass, inv_mass, inv_inertia
 
 
+# Per-body fields of the Model (device) and keys of its host mirror, in stored order: what a re-sort of the
+# bodies permutes (app.reorder).
+BODY_FIELDS = ("body_shape", "body_radius", "body_half_extents", "body_mass", "body_inv_mass", "body_inv_inertia",
+               "body_material", "body_id")
+HOST_BODY_KEYS = ("shape", "radius", "half_extents", "mass", "inv_mass", "inv_inertia", "material", "fixed", "id")
+
+
 @ti.data_oriented
 class Model:
     """Static description of the bodies, materials and planes.
@@ -77,6 +84,10 @@ class Model:
         body_mass: f32 kg. body_inv_mass: f32 1/kg, 0 for fixed bodies.
         body_inv_inertia: vec3 f32 1/(kg m^2), body-frame diagonal of the inverse inertia tensor.
         body_material: i32 material index.
+        body_id: i32, the body's persistent id: its scene index (bodies added at run time continue the count).
+            Stored indices change when the Simulation re-sorts the bodies (Simulation.resort); ids do not, so
+            every convention that must hold from step to step (which body of a pair comes first: the
+            box-box feature ids and the warm-start keys) is decided by id, never by stored index.
     Materials, shape (material_capacity,): material_friction (Coulomb mu), material_restitution (e),
         material_density kg/m^3 (informational after load: masses are computed at load).
     Planes (static half-spaces), shape (plane_capacity,): plane_normal (unit vec3, pointing out of the
@@ -100,6 +111,7 @@ class Model:
         self.body_inv_mass = ti.field(ti.f32, n)
         self.body_inv_inertia = ti.Vector.field(3, ti.f32, n)
         self.body_material = ti.field(ti.i32, n)
+        self.body_id = ti.field(ti.i32, n)
         m = self.material_capacity
         self.material_friction = ti.field(ti.f32, m)
         self.material_restitution = ti.field(ti.f32, m)
@@ -130,14 +142,15 @@ class Model:
         return (scene.body_count + extra_bodies <= self.body_capacity and len(scene.materials) <= self.material_capacity
                 and len(plane_rows(scene.statics, 1.0)) <= self.plane_capacity)
 
-    def load(self, scene: Scene, bodies=None):
+    def load(self, scene: Scene, bodies=None, ids=None):
         """Fill every field from a validated scene (capacity must suffice: see fits). bodies: the scene's
-        body rows in the order to store them (default scene.bodies; the Simulation passes them in Z-order);
-        the planes' reach is computed from all of the scene's bodies either way."""
+        body rows in the order to store them (default scene.bodies; the Simulation passes them in Z-order),
+        ids: their scene indices (default 0, 1, ...); the planes' reach is computed from all of the scene's
+        bodies either way."""
         sim = scene.resolved_sim()
         self.set_params(sim)  # first: the grid cell size below depends on the contact margin
         self.set_materials(scene.materials)
-        self.set_bodies(scene.bodies if bodies is None else bodies, scene.materials, start=0)
+        self.set_bodies(scene.bodies if bodies is None else bodies, scene.materials, start=0, ids=ids)
         rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
         if len(rows) > self.plane_capacity:
             raise ValueError(f"{len(rows)} static planes exceed the model's plane capacity {self.plane_capacity}")
@@ -186,17 +199,21 @@ class Model:
         self.material_count[None] = len(materials)
         self.host["materials"] = [dict(x) for x in materials]
 
-    def set_bodies(self, bodies, materials, start: int):
-        """Write bodies [start, start+len) (numpy rows as in Scene.bodies) and update body_count and the grid
-        cell size (2 x the largest bounding radius, so that overlapping bodies are in adjacent cells)."""
+    def set_bodies(self, bodies, materials, start: int, ids=None):
+        """Write bodies [start, start+len) (numpy rows as in Scene.bodies; ids: their persistent ids, default
+        start, start+1, ...) and update body_count and the grid cell size (2 x the largest bounding radius, so
+        that overlapping bodies are in adjacent cells). The host mirror `host` holds the rows in stored order."""
         k = int(bodies["shape"].shape[0])
         if start + k > self.body_capacity:
             raise ValueError(f"{start + k} bodies exceed the model's capacity {self.body_capacity}")
+        ids = np.arange(start, start + k) if ids is None else np.asarray(ids)
+        if ids.shape != (k,):
+            raise ValueError(f"set_bodies: {ids.shape[0] if ids.ndim else 0} ids for {k} bodies")
         mass, inv_mass, inv_inertia = body_mass_properties(bodies, materials)
         h = self.host
         new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
                "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
-               "fixed": bodies["fixed"]}
+               "fixed": bodies["fixed"], "id": ids}
         for key, arr in new.items():
             if start == 0 or key not in h:
                 h[key] = np.asarray(arr).copy()
@@ -217,6 +234,7 @@ class Model:
         self.body_inv_mass.from_numpy(pad(h["inv_mass"], np.float32))
         self.body_inv_inertia.from_numpy(pad(h["inv_inertia"], np.float32))
         self.body_material.from_numpy(pad(h["material"], np.int32))
+        self.body_id.from_numpy(pad(h["id"], np.int32))
         self.body_count[None] = n_total
         self.host_body_count = n_total  # host copy: reading body_count[None] would sync the device
         self.grid_cell_size[None] = float(2.0 * h["radius"][:n_total].max() * 1.02 + 2 * self.contact_margin[None] + 1e-6)

@@ -23,15 +23,15 @@ from vla.scan import exclusive_scan
 
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
-from app.contacts import ContactRecord, oriented_normal
+from app.contacts import SECOND_COPY, ContactRecord, copy_normal
 from app.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 
 vec3 = ti.types.vector(3, ti.f32)
 
 # Feature ids (warm-start keys, together with the other body). Plane contacts: the corner index.
-# Box-box: 16 * axis code + clipped-vertex index (axis code 0-2 faces of the lower-index body, 3-5 faces
-# of the other, 6-14 edge pairs).
+# Box-box: 16 * axis code + clipped-vertex index (axis code 0-2 faces of the pair's first body, the lower
+# body id, 3-5 faces of the other, 6-14 edge pairs); the second body's copy adds app.contacts.SECOND_COPY.
 FEATURE_STRIDE = 16
 # Prefer a face axis over an edge axis unless the edge separates clearly more: relative and absolute
 # tolerances (fractions of the separation / of the smallest half extent). Without the bias, nearly
@@ -473,14 +473,15 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
 
 
 @ti.func
-def _ordered_pair(grid: ti.template(), t, j):
-    """(i, j) of candidate pair (body grid.body_order[t], j), lower body index first. A body pair is computed
-    lower index first, whichever of the two lists holds it (the broadphase's half neighbourhood hands it to
-    either): box-box feature ids name the lower-index body's faces, and warm starting matches them from step
-    to step."""
+def _ordered_pair(model: ti.template(), grid: ti.template(), t, j):
+    """(i, j) of candidate pair (body grid.body_order[t], j), the lower body id (model.body_id) first. A body
+    pair is computed in the same order whichever of the two lists holds it (the broadphase's half
+    neighbourhood hands it to either) and however the bodies are stored (Simulation.resort): box-box feature
+    ids name the first body's faces, the record's normal pushes the first body, and warm starting matches
+    them from step to step."""
     i = grid.body_order[t]
     jj = j
-    if j >= 0 and j < i:
+    if j >= 0 and model.body_id[j] < model.body_id[i]:
         jj = i
         i = j
     return i, jj
@@ -491,7 +492,7 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
                    base, prev_base, dt, contacts: ti.template(), margin, t, j, cls: ti.template()):
     """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
     plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
-    i, jj = _ordered_pair(grid, t, j)
+    i, jj = _ordered_pair(model, grid, t, j)
     m = _pair_manifold(model, state, i, jj, margin, cls)
     _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
 
@@ -499,9 +500,9 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
 @ti.func
 def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
                    contacts: ti.template(), i, j, m):
-    """Append manifold m of pair (i, j) (i < j, or j = -1 - plane) to both bodies' lists (lists[base + body])
-    with the normal mirrored so each copy pushes its owner (the manifold's normal points from the lower-index
-    body to the other; a plane's pushes the body). Kept out of the per-class code so that the kernel inlines it
+    """Append manifold m of pair (i, j) (i the lower body id, see _ordered_pair; or j = -1 - plane) to both
+    bodies' lists (lists[base + body]): both copies store the normal that pushes i (the manifold's normal
+    points from i to j; a plane's pushes the body), j's copy with SECOND_COPY in its feature. Kept out of the per-class code so that the kernel inlines it
     once per loop (compile time)."""
     if m.count > 0:
         # What prepare did per copy until session 10, done here once per pair: both copies get the same
@@ -528,9 +529,11 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
         # never solved, so it holds no impulse)
         s = i
         key = j
+        flag = 0
         if inv_i <= 0.0 and j >= 0:
             s = j
             key = i
+            flag = SECOND_COPY
         searched = inv_i > 0.0 or inv_j > 0.0
         lp = prev_base + s
         for q in range(m.count):
@@ -550,12 +553,12 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             c = ti.Vector([0.0, 0.0])   # copy i's friction impulse, along its tangents
             p = -1
             if searched:
-                p = _find_key(lists, lp, key, m.feature[q])
+                p = _find_key(lists, lp, key, m.feature[q] | flag)
             if p >= 0:
                 jn = warm * lists.get_member(lp, p, "impulse_n")
                 # last step's friction impulse, back in 3-D from its own basis (as seen by i); the tangent
                 # plane turned a little since: keep the in-plane part
-                o1, o2 = contact_tangents(oriented_normal(lists.get_member(lp, p, "normal_code"), s, key))
+                o1, o2 = contact_tangents(copy_normal(lists.get_member(lp, p, "normal_code"), m.feature[q] | flag))
                 old_t = tangent_vector(lists.get_member(lp, p, "impulse_t"), o1, o2) * ti.select(s == i, 1.0, -1.0)
                 t1, t2 = contact_tangents(n)
                 c = tangent_coords(warm * (old_t - old_t.dot(n) * n), t1, t2)
@@ -563,7 +566,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             lists.append(base + i, _record(point, code, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
                                            c * ti.select(inv_i > 0.0, 1.0, 0.0)))
             if j >= 0:
-                lists.append(base + j, _record(point, code, depth, i, m.feature[q], bias,
+                lists.append(base + j, _record(point, code, depth, i, m.feature[q] | SECOND_COPY, bias,
                                                ti.select(inv_j > 0.0, jn, 0.0),
                                                ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
             atomic_max_rare(contacts.max_depth, depth)
@@ -642,7 +645,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         j = grid.pairs.pending_value(o)
         t = grid.pair_position(lst)
         c = lst // stride
-        i, jj = _ordered_pair(grid, t, j)
+        i, jj = _ordered_pair(model, grid, t, j)
         m = manifold_empty()
         if c == 0:
             m = _pair_manifold(model, state, i, jj, margin, 0)

@@ -11,7 +11,7 @@ model.body_shape, model.body_material, the contact lists) and write only the vie
 """
 import taichi as ti
 
-from app.contacts import record_normal
+from app.contacts import first_copy, record_normal
 from app.math3d import quat_to_mat
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -67,7 +67,7 @@ def kernel_scatter_instances(body_key: ti.template(), body_pos: ti.template(), b
 @ti.kernel
 def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: ti.i32, normal_length: ti.f32,
                           glyph_point: ti.template(), glyph_line: ti.template(), glyph_count: ti.template()):
-    """Every contact point once (from the lower-index body of a pair, or the body of a plane contact):
+    """Every contact point once (from the first body's copy of a pair, or the body's of a plane contact):
     glyph_point[k] = point, glyph_line[2k], glyph_line[2k+1] = point, point + normal_length * normal (the
     normal pushing the owner). glyph_count[None] ends as the number found (may exceed the capacity: only
     the first glyph_point.shape[0] are written)."""
@@ -76,12 +76,12 @@ def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: t
     for i in range(body_count):
         for k in range(lists.length(list_base + i)):
             c = lists.get(list_base + i, k)
-            if c.other < 0 or c.other > i:
+            if first_copy(c):
                 slot = ti.atomic_add(glyph_count[None], 1)
                 if slot < cap:
                     glyph_point[slot] = c.point
                     glyph_line[2 * slot] = c.point
-                    glyph_line[2 * slot + 1] = c.point + normal_length * record_normal(c, i)
+                    glyph_line[2 * slot + 1] = c.point + normal_length * record_normal(c)
 
 
 @ti.kernel

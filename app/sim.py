@@ -6,7 +6,9 @@
 
 A step is: flip contact generations -> grid broadphase (VLA cell lists) -> narrowphase (appends to both
 bodies' contact lists; through vla.launch for the VLA storage, so no contact is lost) -> solver
-(prepare + Jacobi/mass-splitting iterations + integrate, in place on `state`).
+(prepare + Jacobi/mass-splitting iterations + integrate, in place on `state`). Every `resort_interval`
+steps a large scene's bodies are stored again in the order of where they are (app.reorder), which keeps
+neighbours near in memory and changes nothing in the motion.
 
 Everything the viewer changes live is runtime data: gravity and thresholds are Model fields, dt and
 solver iterations are plain attributes passed to kernels as scalars, materials are fields.
@@ -22,7 +24,9 @@ from app.contacts import ContactSet
 from app.errors import UserError
 from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
 from app.model import Model
+from app.model import HOST_BODY_KEYS
 from app.narrowphase import find_contacts
+from app.reorder import Reorder, resort_bodies
 from app.scene import Scene
 from app.solver import JacobiSolver
 from app.state import State
@@ -83,15 +87,26 @@ class Simulation:
             dynamic storage dropped contacts (also printed on stderr).
         generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
         scene_of, internal_of: int64 (N,): bodies are stored in Z-order of their initial positions
-            (spatial_order; spatial_sort=False keeps scene order): stored body k is scene body scene_of[k],
-            scene body s is stored at internal_of[s]. Fields, contact lists (and their `other`) and the grid
-            use stored indices; the host accessors below and error messages use scene order. Bodies added
-            at runtime are stored after the others, in their order.
+            (spatial_order; spatial_sort=False keeps scene order), and again in the order of their current
+            positions by each resort(): stored body k is scene body scene_of[k], scene body s is stored at
+            internal_of[s]. Fields, contact lists (and their `other`) and the grid use stored indices; the
+            host accessors below and error messages use scene order. Bodies added at runtime are stored
+            after the others, in their order; their scene indices continue the count.
+        resort_interval: steps between two resort() calls made by step() (0: never); they happen only with
+            at least resort_min_bodies bodies (a small scene's bodies share the caches whatever their order).
     """
 
-    def __init__(self, scene: Scene, contacts=None, capacity=None, verbose=True, spatial_sort=True):
+    # Defaults of resort_interval / resort_min_bodies. A resort costs about as much as a step or two
+    # (docs/benchmarks.md, session 14); bodies of a pouring pile drift out of order within a few hundred steps.
+    RESORT_INTERVAL = 500
+    RESORT_MIN_BODIES = 20_000
+
+    def __init__(self, scene: Scene, contacts=None, capacity=None, verbose=True, spatial_sort=True,
+                 resort_interval=None):
         self.verbose = verbose
         self.spatial_sort = bool(spatial_sort)  # store bodies in Z-order (spatial_order); False: scene order
+        self.resort_interval = self.RESORT_INTERVAL if resort_interval is None else int(resort_interval)
+        self.resort_min_bodies = self.RESORT_MIN_BODIES
         self.contacts_kind = contacts or scene.sim["contacts"]
         if self.contacts_kind not in ("vla", "padded", "dynamic"):
             raise UserError(f"sim.contacts: expected vla | padded | dynamic, got {self.contacts_kind!r}")
@@ -109,6 +124,7 @@ class Simulation:
         self.contacts = ContactSet(self.contacts_kind, self.capacity, max_per_body=max_per_body)
         self.solver = JacobiSolver(self.model, scene.sim["solver_iterations"])
         self.grid = Grid(self.capacity)
+        self.reorder = Reorder(self.capacity)
         self.health = Health()
         self.generation_id += 1
 
@@ -125,16 +141,15 @@ class Simulation:
         self.solver_iterations = int(sim["solver_iterations"])
         # Bodies are stored in Z-order of their initial positions (spatial_order); scene_of[k] is the scene
         # index of stored body k, internal_of its inverse. Host accessors and messages speak scene order.
-        self.scene_of = spatial_order(scene.bodies["position"]) if self.spatial_sort else \
-            np.arange(scene.body_count, dtype=np.int64)
-        self.internal_of = np.empty_like(self.scene_of)
-        self.internal_of[self.scene_of] = np.arange(self.scene_of.size)
-        b = {key: np.asarray(arr)[self.scene_of] for key, arr in scene.bodies.items()}
-        self.model.load(scene, b)
+        self._set_order(spatial_order(scene.bodies["position"]) if self.spatial_sort else
+                        np.arange(scene.body_count, dtype=np.int64))
+        b = {key: np.asarray(arr)[self._scene_of] for key, arr in scene.bodies.items()}
+        self.model.load(scene, b, ids=self._scene_of)
         self._n_bodies = int(scene.body_count)
         self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
         self.contacts.reset()
         self.grid.reset()
+        self._grid_order_current = False   # grid.body_order describes this step's bodies (see resort)
         self.health.reset()
         self.step_count = 0
         self.overflow_events = []
@@ -164,6 +179,7 @@ class Simulation:
         raw = dict(self.scene.raw)
         raw["bodies"] = list(bodies)
         extra = validate(raw, self.scene.path + " (added bodies)")
+        self._sync_order()   # model.host in stored order, after any resort
         n0 = self.body_count
         k = extra.body_count
         if n0 + k > self.capacity:
@@ -173,14 +189,14 @@ class Simulation:
             self._allocate(_round_capacity(n0 + k), self.scene)
             self.model.load(self.scene)  # materials, planes and parameters; bodies are rewritten next
             self.model.gravity.from_numpy(gravity)
-            self.model.set_bodies(old, self.scene.materials, 0)
+            self.model.set_bodies(old, self.scene.materials, 0, ids=self._scene_of)
             self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
             self.contacts.reset()
         self.model.set_bodies(extra.bodies, self.scene.materials, n0)
         self._n_bodies = n0 + k
-        # added bodies keep their order, after the loaded ones (stored index = scene index)
-        self.scene_of = np.concatenate([self.scene_of[:n0], np.arange(n0, n0 + k)])
-        self.internal_of = np.concatenate([self.internal_of[:n0], np.arange(n0, n0 + k)])
+        self._grid_order_current = False
+        # added bodies keep their order, after the stored ones (scene indices n0, n0 + 1, ...: their ids)
+        self._set_order(np.concatenate([self._scene_of[:n0], np.arange(n0, n0 + k)]))
         b = extra.bodies
         self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
 
@@ -203,11 +219,58 @@ class Simulation:
         that can share one do."""
         self.contacts.flip()
         self.grid.build(self.model, self.state)
+        self._grid_order_current = True
         find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.grid.body_order, self.dt, self.step_count,
                          self.health)
         self.step_count += 1
+        if self.resort_interval > 0 and self.step_count % self.resort_interval == 0 and \
+                self.body_count >= self.resort_min_bodies:
+            self.resort()
+
+    def resort(self):
+        """Store the bodies again in the order of where they are now (app.reorder): grid order of this step's
+        positions (the grid is rebuilt first if the bodies changed since the last step). Keeps every contact
+        and its impulses; the motion is the same to the last bit. Device work only: the host bookkeeping
+        (scene_of, model.host) is brought up to date when next read."""
+        if not self._grid_order_current:
+            self.grid.build(self.model, self.state)
+        resort_bodies(self.model, self.state, self.contacts, self.health, self.reorder, self.grid.body_order,
+                      self.body_count)
+        self._grid_order_current = False   # body_order holds the old indices
+        self._order_stale = True
+
+    # ------------------------------------------------------------------ stored order <-> scene order
+    def _set_order(self, scene_of: np.ndarray):
+        self._scene_of = np.asarray(scene_of, np.int64)
+        self._internal_of = np.empty_like(self._scene_of)
+        self._internal_of[self._scene_of] = np.arange(self._scene_of.size)
+        self._order_stale = False
+
+    def _sync_order(self):
+        """After resort(): read the new order back (model.body_id holds each stored body's scene index) and
+        put model.host's per-body rows in it."""
+        if not self._order_stale:
+            return
+        n = self.body_count
+        scene_of = self.model.body_id.to_numpy()[:n].astype(np.int64)
+        rows = self._internal_of[scene_of]   # where each body's row sits in model.host now
+        for key in HOST_BODY_KEYS:
+            self.model.host[key] = self.model.host[key][rows]
+        self._set_order(scene_of)
+
+    @property
+    def scene_of(self) -> np.ndarray:
+        """int64 (N,): scene index of each stored body (see the class docstring)."""
+        self._sync_order()
+        return self._scene_of
+
+    @property
+    def internal_of(self) -> np.ndarray:
+        """int64 (N,): stored index of each scene body."""
+        self._sync_order()
+        return self._internal_of
 
     def step_frame(self):
         """Advance `substeps` steps, then check health and overflow (one host sync per frame)."""
@@ -265,9 +328,8 @@ class Simulation:
     def shapes(self) -> dict:
         """shape (N,) int32 (0 sphere, 1 box), radius (N,) m (boxes: bounding radius), half_extents (N,3) m,
         material (N,) int32, fixed (N,) bool, mass (N,) kg."""
+        o = self.internal_of[: self.body_count]
         h = self.model.host
-        n = self.body_count
-        o = self.internal_of[:n]
         return {"shape": h["shape"][o].astype(np.int32), "radius": h["radius"][o].astype(np.float32),
                 "half_extents": h["half_extents"][o].astype(np.float32), "material": h["material"][o].astype(np.int32),
                 "fixed": h["fixed"][o].astype(bool), "mass": h["mass"][o].astype(np.float32)}

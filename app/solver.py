@@ -29,7 +29,7 @@ per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
 
 import taichi as ti
 
-from app.contacts import record_normal
+from app.contacts import first_copy, record_normal
 from app.integrator import kernel_integrate
 from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_inv_inertia
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
@@ -150,9 +150,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         counted = 0
         for k in range(n):
             rec = lists.get(li, k)
-            if rec.other > i or rec.other < 0:
+            if first_copy(rec):
                 counted += 1
-            normal = record_normal(rec, i)
+            normal = record_normal(rec)
             t1, t2 = contact_tangents(normal)
             P = rec.impulse_n * normal + tangent_vector(rec.impulse_t, t1, t2)
             L = (rec.point - xi).cross(P)
@@ -220,7 +220,7 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
             for k in range(n_i):
                 rec = lists.get(li, k)
                 j = rec.other
-                n = record_normal(rec, i)
+                n = record_normal(rec)
                 ri = rec.point - xi
                 mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
                 bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),

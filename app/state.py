@@ -5,6 +5,9 @@ import numpy as np
 import taichi as ti
 
 
+BODY_FIELDS = ("body_pos", "body_quat", "body_vel", "body_omega")
+
+
 @ti.data_oriented
 class State:
     """Per-body dynamic state, shape (body_capacity,), valid for indices < model.body_count[None].
@@ -42,5 +45,4 @@ class State:
             arrays.append(out)
 
     def to_numpy(self, count: int) -> dict:
-        return {name: getattr(self, name).to_numpy()[:count]
-                for name in ("body_pos", "body_quat", "body_vel", "body_omega")}
+        return {name: getattr(self, name).to_numpy()[:count] for name in BODY_FIELDS}

@@ -1,7 +1,7 @@
 """Per-kernel device time of simulator steps: where a step's time goes, for each contact storage.
 
-    python run.py bench profile [--scene pile_1m] [--storages vla,padded] [--orders z,scene] [--warmup 200]
-                                [--steps 20] [--arch ...]
+    python run.py bench profile [--scene pile_1m] [--storages vla,padded] [--orders z,scene]
+                                [--resort-intervals 500,0] [--warmup 200] [--steps 20] [--resort-cost K] [--arch ...]
 
 Runs Taichi with its kernel profiler (CUDA events per launch), simulates --warmup steps, then prints the
 profiler's per-kernel table for --steps steps and the wall time per step (which the profiler itself
@@ -25,10 +25,16 @@ def main(argv=None) -> int:
     p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--orders", default="z",
                    help="comma list of body storage orders to profile: z (Z-order of the initial positions, the "
-                        "default), scene (scene order, as before session 5) and/or landed (an experiment: after the "
-                        "warm-up, the bodies are stored again in Z-order of their current positions, the contacts "
-                        "dropped, and --resettle steps run before the timed ones)")
+                        "default), scene (scene order, as before session 5) and/or landed (after the warm-up, one "
+                        "Simulation.resort(), then --resettle steps before the timed ones; before session 14 this "
+                        "re-sorted on the host and dropped the contacts)")
     p.add_argument("--resettle", type=int, default=50, help="steps between the re-sort and the timed steps (landed)")
+    p.add_argument("--resort-intervals", default="",
+                   help="comma list of Simulation.resort_interval values to profile, each a case of its own (0: "
+                        "never re-sort); default: the Simulation's own")
+    p.add_argument("--resort-cost", type=int, default=0, metavar="K",
+                   help="after the timed steps, time K calls of Simulation.resort() (wall ms each, and the "
+                        "kernels' device time)")
     p.add_argument("--host", action="store_true",
                    help="also profile the host side of the timed steps (cProfile, top functions by own time)")
     args = p.parse_args(argv)
@@ -43,6 +49,12 @@ def main(argv=None) -> int:
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     if not orders or any(o not in ("z", "scene", "landed") for o in orders):
         raise UserError(f"--orders: expected a comma list of z, scene and landed, got {args.orders!r}")
+    try:
+        intervals = [int(x) for x in args.resort_intervals.split(",") if x.strip()] or [None]
+    except ValueError:
+        raise UserError(f"--resort-intervals: expected a comma list of integers >= 0, got {args.resort_intervals!r}")
+    if any(x is not None and x < 0 for x in intervals):
+        raise UserError(f"--resort-intervals: expected integers >= 0, got {args.resort_intervals!r}")
     import gc
 
     import taichi as ti
@@ -56,16 +68,16 @@ def main(argv=None) -> int:
     pools = [taichi_pool_gb(load_scene(path, ov)) for _, ov in storages if ov[0] == "sim.contacts=dynamic"]
     arch = init_taichi(args.arch, kernel_profiler=True, device_memory_GB=max(pools) if pools else None)
     sim = None
-    for order, (storage, overrides) in itertools.product(orders, storages):
+    for order, interval, (storage, overrides) in itertools.product(orders, intervals, storages):
         scene = load_scene(path, overrides)
         # A fresh Simulation per case, the last one freed first: two 1M-body simulations would share the GPU
         del sim
         gc.collect()
-        sim = Simulation(scene, verbose=False, spatial_sort=(order != "scene"))
+        sim = Simulation(scene, verbose=False, spatial_sort=(order != "scene"), resort_interval=interval)
         for _ in range(args.warmup):
             sim.step()
         if order == "landed":
-            _store_in_current_z_order(sim)
+            sim.resort()
             for _ in range(args.resettle):
                 sim.step()
         ti.sync()
@@ -84,32 +96,28 @@ def main(argv=None) -> int:
             import pstats
             prof.disable()
         device = ti.profiler.get_kernel_profiler_total_time() * 1e3 / args.steps
-        print(f"\n{args.scene} ({sim.body_count} bodies, {order}-order), contacts {storage}, arch {arch}: {wall:.2f} ms/step wall, "
-              f"{device:.2f} ms/step in kernels, {int(sim.contacts.contact_total[None])} contacts", flush=True)
+        resorts = "never" if sim.resort_interval <= 0 or sim.body_count < sim.resort_min_bodies else \
+            f"every {sim.resort_interval} steps"
+        print(f"\n{args.scene} ({sim.body_count} bodies, {order}-order, resort {resorts}), contacts {storage}, arch "
+              f"{arch}: {wall:.2f} ms/step wall, {device:.2f} ms/step in kernels, "
+              f"{int(sim.contacts.contact_total[None])} contacts", flush=True)
         ti.profiler.print_kernel_profiler_info("count")
+        if args.resort_cost > 0:
+            ti.profiler.clear_kernel_profiler_info()
+            times = []
+            for _ in range(args.resort_cost):
+                t0 = time.perf_counter()
+                sim.resort()
+                ti.sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+            device = ti.profiler.get_kernel_profiler_total_time() * 1e3 / args.resort_cost
+            print(f"resort: {', '.join(f'{t:.1f}' for t in times)} ms wall each; {device:.2f} ms in kernels on average",
+                  flush=True)
+            ti.profiler.print_kernel_profiler_info("count")
         if prof is not None:
             print(f"host side of {args.steps} steps, top functions by own time:")
             pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(12)
     return 0
-
-
-def _store_in_current_z_order(sim):
-    """Store the bodies of a loaded scene (no bodies added at run time) again in Z-order, of their current
-    positions: the permutation the Simulation applies at load, applied to the present state. The contact
-    lists are dropped (no warm start for one step). An experiment: how much of a step is locality."""
-    import numpy as np
-
-    from app.sim import spatial_order
-
-    n = sim.body_count
-    st = sim.state.to_numpy(n)
-    p = spatial_order(st["body_pos"])
-    sim.scene_of = sim.scene_of[p]
-    sim.internal_of[sim.scene_of] = np.arange(n)
-    sim.model.set_bodies({key: np.asarray(arr)[sim.scene_of] for key, arr in sim.scene.bodies.items()},
-                         sim.scene.materials, 0)
-    sim.state.set_rows(0, st["body_pos"][p], st["body_quat"][p], st["body_vel"][p], st["body_omega"][p])
-    sim.contacts.reset()
 
 
 if __name__ == "__main__":

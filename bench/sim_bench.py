@@ -10,6 +10,10 @@ steps between two ti.sync() calls. Recorded per run: ms/step, steps/s, contacts 
 memory (bytes reserved by the storage for both contact generations, and bytes live), padded overflow,
 VLA growth events. Writes sim_bench.json and sim_bench.md into --out (default out/bench_sim).
 
+Large scenes re-sort their bodies in memory every Simulation.resort_interval steps (--resort-interval; 0:
+never), which the timed steps may not include: after them one resort() is timed on its own, and the table
+gives ms/step with its share (resort ms / interval) added.
+
 --repeats R runs every (scene, storage) R times, the storages of a scene taking turns to go first (on the
 H200 the second of two back-to-back processes measured up to 10% slower at 100k bodies, where a step is
 half host overhead), and reports each case's median with its range; speed ratios are of the medians.
@@ -45,8 +49,10 @@ def _landing_steps(scene) -> int:
     return int(math.ceil(t / scene.sim["dt"]))
 
 
-def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True, scene=None) -> dict:
-    """One timed run (see the module docstring); scene: the loaded scene, if the caller has it already."""
+def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True, scene=None,
+              resort_interval=None) -> dict:
+    """One timed run (see the module docstring); scene: the loaded scene, if the caller has it already;
+    resort_interval: Simulation.resort_interval (None: its default)."""
     import taichi as ti
 
     import gc
@@ -60,7 +66,7 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     t_build = time.perf_counter()
     # A fresh Simulation, not app.headless.get_simulation's cached one: a simulation sized for an earlier,
     # larger scene would be reused, and its memory (and speed) reported for this one.
-    sim = Simulation(scene, verbose=verbose)
+    sim = Simulation(scene, verbose=verbose, resort_interval=resort_interval)
     warm = _landing_steps(scene) if warmup_steps is None else int(warmup_steps)
     for _ in range(warm):
         sim.step()
@@ -75,12 +81,21 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     ti.sync()
     wall = time.perf_counter() - t0
     sim.check()
+    resorts = sim.resort_interval > 0 and sim.body_count >= sim.resort_min_bodies
+    resort_ms = None
+    if resorts:   # what the timed steps may have missed: one resort, amortised over its interval below
+        t0 = time.perf_counter()
+        sim.resort()
+        ti.sync()
+        resort_ms = 1e3 * (time.perf_counter() - t0)
     st = sim.contacts.stats()
     grid = sim.grid.stats()
     return {
         "scene": scene.name, "storage": storage, "bodies": sim.body_count, "warmup_steps": warm,
         "warmup_seconds": t_warm, "steps": steps, "wall_time": wall, "ms_per_step": 1e3 * wall / steps,
         "steps_per_second": steps / wall, "contacts_at_start": contacts0,
+        "resort_interval": sim.resort_interval if resorts else 0, "resort_ms": resort_ms,
+        "ms_per_step_with_resort": 1e3 * wall / steps + (resort_ms / sim.resort_interval if resorts else 0.0),
         "contacts_at_end": int(sim.contacts.contact_total[None]),
         "contact_reserved_bytes": int(st["reserved_bytes"]), "contact_live_bytes": int(st["live_bytes"]),
         "contact_storage_stats": st, "grid_reserved_bytes": int(grid["reserved_bytes"]),
@@ -91,14 +106,14 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     }
 
 
-def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch) -> dict:
+def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_interval=None) -> dict:
     """bench_one in a fresh process: each run starts from an empty device (Taichi does not give field memory
     back), and a run that crashes the device context (Taichi's `dynamic` SNode asserts on the device when
     its allocator runs dry) is reported as a failed row instead of ending the whole benchmark."""
     import subprocess
 
     job = json.dumps({"path": path, "storage": storage, "steps": steps, "overrides": list(overrides),
-                      "warmup": warmup, "arch": arch})
+                      "warmup": warmup, "arch": arch, "resort_interval": resort_interval})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", job], capture_output=True,
                           text=True, cwd=ROOT)
     for line in reversed(proc.stdout.splitlines()):
@@ -118,7 +133,7 @@ def _run_one(job_json: str) -> int:
     scene = load_scene(job["path"], tuple(job["overrides"]) + (f"sim.contacts={job['storage']}",))
     arch = ensure_taichi(job["arch"], verbose=False, scene=scene)
     r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False,
-                  scene=scene)
+                  scene=scene, resort_interval=job.get("resort_interval"))
     r["arch"] = arch
     print(json.dumps(r), flush=True)
     return 0
@@ -153,12 +168,13 @@ def summarize(rows) -> list:
 
 
 def _table(rows) -> str:
-    out = ["| scene | bodies | storage | ms/step | steps/s | contacts | contact memory (MiB) | vs padded: speed | "
-           "vs padded: memory | dropped (whole run / timed steps) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| scene | bodies | storage | ms/step | with resorts: ms/step (resort ms / interval) | steps/s | contacts | "
+           "contact memory (MiB) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded" and "error" not in r}
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | |")
+            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | | |")
             continue
         p = padded.get((r["scene"], r["bodies"]))
         speed = f"{p['ms_per_step'] / r['ms_per_step']:.2f}x" if p else "-"
@@ -168,7 +184,9 @@ def _table(rows) -> str:
         ms = f"{r['ms_per_step']:.2f}"
         if r.get("repeats", 1) > 1:
             ms += f" ({r['ms_min']:.2f}-{r['ms_max']:.2f}, median of {r['repeats']})"
-        out.append(f"| {r['scene']} | {r['bodies']} | {r['storage']} | {ms} | "
+        resort = "no resorts" if not r.get("resort_interval") else \
+            f"{r['ms_per_step_with_resort']:.2f} ({r['resort_ms']:.1f} / {r['resort_interval']})"
+        out.append(f"| {r['scene']} | {r['bodies']} | {r['storage']} | {ms} | {resort} | "
                    f"{r['steps_per_second']:.1f} | {r['contacts_at_end']} | {r['contact_reserved_bytes'] / 2**20:.1f} | "
                    f"{speed} | {mem} | {r['padded_overflow']} / {r.get('padded_overflow_timed', '-')} |")
     return "\n".join(out) + "\n"
@@ -187,6 +205,9 @@ def main(argv=None) -> int:
     p.add_argument("--storages", default=",".join(STORAGES),
                    help="comma list of vla,padded,dynamic; padded:64 sets the per-body maximum (scene default 32)")
     p.add_argument("--scenes", default="pile_100k,pile_1m", help="comma list of scene names in scenes/")
+    p.add_argument("--resort-interval", type=int, default=None,
+                   help="Simulation.resort_interval: steps between re-sorts of the bodies in memory (0: never; "
+                        "default: the Simulation's)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per (scene, storage), storages taking turns to go first; medians reported")
     args = p.parse_args(argv)
@@ -197,6 +218,8 @@ def main(argv=None) -> int:
     storages = parse_storages(args.storages)
     if args.repeats < 1:
         raise UserError(f"--repeats: expected a positive integer, got {args.repeats}")
+    if args.resort_interval is not None and args.resort_interval < 0:
+        raise UserError(f"--resort-interval: expected an integer >= 0, got {args.resort_interval}")
     arch = args.arch  # Taichi runs in the per-run subprocesses only (which report the arch they took)
     steps = args.steps or (40 if args.small else 200)
     rows = []
@@ -208,7 +231,7 @@ def main(argv=None) -> int:
         for rep, storage, storage_overrides in _schedule(storages, args.repeats):
             kind = storage.partition(":")[0]
             r = _bench_in_subprocess(path, kind, steps, tuple(overrides) + storage_overrides[1:], args.warmup,
-                                     args.arch)
+                                     args.arch, args.resort_interval)
             r["storage"] = storage
             r["repeat"] = rep
             rows.append(r)

@@ -13,6 +13,7 @@ import pytest
 
 ti = pytest.importorskip("taichi")
 
+from app.contacts import SECOND_COPY  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.math3d import quat_to_mat  # noqa: E402
 from app.narrowphase import collide_box_box  # noqa: E402
@@ -119,10 +120,13 @@ def test_contact_geometry_by_hand(sim):
     assert values["depth"][a].tolist() == pytest.approx([0.01], abs=1e-6)
     assert values["other"][a].tolist() == [s1]
     # pushes sphere 0 away from 1 (an axis: its code decodes exactly)
-    assert _record_normal_ref(values["normal_code"][a][0], s0, s1).tolist() == [-1, 0, 0]
+    assert _record_normal_ref(values["normal_code"][a][0], values["feature"][a][0]).tolist() == [-1, 0, 0]
     b = slice(offsets[base + s1], offsets[base + s1 + 1])
     assert values["other"][b].tolist() == [s0]
-    assert _record_normal_ref(values["normal_code"][b][0], s1, s0).tolist() == [1, 0, 0]
+    assert _record_normal_ref(values["normal_code"][b][0], values["feature"][b][0]).tolist() == [1, 0, 0]
+    # scene body 0 has the lower id: its copy is the first, the normal code pushes it (both copies hold it)
+    assert values["feature"][b][0] == values["feature"][a][0] | SECOND_COPY
+    assert values["normal_code"][a][0] == values["normal_code"][b][0]
     c = slice(offsets[base + s2], offsets[base + s2 + 1])
     assert values["depth"][c].tolist() == pytest.approx([0.01] * 4, abs=1e-6), values["depth"][c]
     assert sorted(values["feature"][c].tolist()) == [0, 1, 4, 5]  # the 4 bottom corners (y bit clear)
@@ -450,6 +454,140 @@ def test_shipped_scene_headless(sim, name, tmp_path):
     check(m, st, tr)
 
 
+def _run_recording(sim, scene, steps, resort_at=()):
+    """Load scene, run `steps` steps (a resort after each step in resort_at) with no automatic resort;
+    return the scene-order state after every step and the stored orders the run went through."""
+    sim.load(scene)
+    sim.resort_interval = 0
+    out, orders = [], [sim.scene_of.copy()]
+    for s in range(steps):
+        sim.step()
+        if s in resort_at:
+            sim.resort()
+            orders.append(sim.scene_of.copy())
+        out.append((sim.positions(), sim.orientations(), sim.velocities(), sim.angular_velocities(),
+                    sim.contact_counts()))
+    sim.resort_interval = sim.RESORT_INTERVAL
+    return out, orders
+
+
+def _stored_lists(sim):
+    """Current generation's records per body in stored order, each a list of (other, feature, point,
+    impulse_n) tuples in list order."""
+    lists, base = sim.contacts.lists, sim.contacts.base
+    if hasattr(lists, "to_csr"):
+        offsets, v = lists.to_csr()
+        rows = [range(offsets[base + i], offsets[base + i + 1]) for i in range(sim.body_count)]
+    else:   # padded: rows of the (list, slot) array, flattened
+        v = {key: a.reshape((-1,) + a.shape[2:]) for key, a in lists.data.to_numpy().items()}
+        lengths, m = lists.lengths(), lists.max_length
+        rows = [range((base + i) * m, (base + i) * m + lengths[base + i]) for i in range(sim.body_count)]
+    return [[(int(v["other"][r]), int(v["feature"][r]), tuple(v["point"][r].tolist()), float(v["impulse_n"][r]))
+             for r in rs] for rs in rows]
+
+
+@pytest.mark.parametrize("kind", ["vla", "padded"])
+def test_resort_changes_no_motion_bit_for_bit(sim, padded_sim, kind):
+    # Simulation.resort stores the bodies again in grid order of where they are, renumbering every contact
+    # record's `other` and keeping its impulses. Pair conventions follow body ids, which move with their
+    # bodies, so the motion must be the same to the last bit as without resorts (tolerance 0), whatever the
+    # storage. The pile falls from up to 1.6 m: by step 120 its bodies are far from their initial Z-order.
+    s = sim if kind == "vla" else padded_sim
+    scene = _small_pile(kind)
+    ref, _ = _run_recording(s, scene, 300)
+    got, orders = _run_recording(s, scene, 300, resort_at=(120, 121, 200))
+    assert not np.array_equal(orders[0], orders[1]), "the first resort must change the stored order"
+    assert int(s.contacts.contact_total[None]) > 30, "the pile must be in contact for this to mean anything"
+    for step, (a, b) in enumerate(zip(ref, got)):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y), f"step {step}: differs after a resort"
+
+    # the lists themselves: body k of the new order holds old body order[k]'s records, `other` renumbered
+    s.resort_interval = 0
+    s.step()
+    old_scene_of = s.scene_of.copy()
+    before = _stored_lists(s)   # the lists this step built and solved
+    s.resort()
+    after = _stored_lists(s)
+    new_internal = s.internal_of
+    old_internal = np.empty_like(old_scene_of)
+    old_internal[old_scene_of] = np.arange(old_scene_of.size)
+    for k, recs in enumerate(after):
+        old = old_internal[s.scene_of[k]]
+        want = [((int(new_internal[old_scene_of[o]]) if o >= 0 else o), f, p, jn) for o, f, p, jn in before[old]]
+        assert recs == want, k
+    s.resort_interval = s.RESORT_INTERVAL
+
+
+def test_resort_keeps_host_views_errors_and_added_bodies(sim):
+    # After resorts: host accessors (read back lazily from the device ids), the shapes and masses of bodies
+    # added later (within the capacity and past it), and the body named by an explosion, all in scene order.
+    from app.sim import SimulationError
+
+    pile = _small_pile("vla")
+    sim.load(pile)
+    sim.resort_interval = 0
+    for _ in range(150):
+        sim.step()
+    ref_shapes = sim.shapes()
+    ref_pos = sim.positions()
+    order0 = sim.scene_of.copy()
+    sim.resort()
+    assert not np.array_equal(sim.scene_of, order0)
+    assert np.array_equal(sim.internal_of[sim.scene_of], np.arange(sim.body_count))
+    assert np.array_equal(sim.model.body_id.to_numpy()[:sim.body_count], sim.scene_of)
+    assert np.array_equal(sim.positions(), ref_pos)
+    for key, val in sim.shapes().items():
+        assert np.array_equal(val, ref_shapes[key]), key
+    # device fields agree with the host mirror, row by row, in the new stored order
+    assert np.array_equal(sim.model.body_shape.to_numpy()[:sim.body_count], sim.model.host["shape"])
+    assert np.allclose(sim.model.body_mass.to_numpy()[:sim.body_count], sim.model.host["mass"])
+
+    # add bodies after a resort: the new ones keep their own shapes; the old ones theirs
+    sim.resort()
+    n0 = sim.body_count
+    sim.add_bodies([{"shape": "box", "half_extents": [0.3, 0.02, 0.3], "position": [0, 3, 0], "material": "b"}])
+    sh = sim.shapes()
+    assert sh["shape"][n0] == 1 and np.allclose(sh["half_extents"][n0], [0.3, 0.02, 0.3])
+    for key in ref_shapes:
+        assert np.array_equal(sh[key][:n0], ref_shapes[key]), key
+    stored = sim.internal_of[n0]
+    assert sim.model.body_shape[stored] == 1 and sim.model.body_id[stored] == n0
+    assert np.isclose(sim.model.body_half_extents[stored][0], 0.3)
+
+    # an explosion found before a resort is reported by scene index after it
+    sim.resort()
+    victim = 7
+    sim.health.error_body[None] = int(sim.internal_of[victim])
+    sim.health.error_step[None] = 151
+    sim.health.error_kind[None] = 1
+    sim.resort()
+    with pytest.raises(SimulationError) as ei:
+        sim.check()
+    assert f"body {victim} (scene order)" in str(ei.value)
+    sim.resort_interval = sim.RESORT_INTERVAL
+    sim.load(pile)
+
+
+def test_step_resorts_large_scenes_every_interval(sim):
+    # step() calls resort() every resort_interval steps once the scene has resort_min_bodies bodies.
+    sim.load(_small_pile("vla"))
+    calls = []
+    sim.resort = lambda: calls.append(sim.step_count)
+    try:
+        sim.resort_interval, sim.resort_min_bodies = 7, 41
+        for _ in range(30):
+            sim.step()
+        assert calls == []   # 40 bodies < 41
+        sim.resort_min_bodies = 40
+        for _ in range(30):
+            sim.step()
+        assert calls == [35, 42, 49, 56]
+    finally:
+        del sim.resort
+        sim.resort_interval, sim.resort_min_bodies = sim.RESORT_INTERVAL, sim.RESORT_MIN_BODIES
+
+
 def test_add_bodies_grows_capacity_without_loss(sim):
     """Last in the module: it grows the shared simulation (reallocation, one recompilation)."""
     scene = scene_from_dict({"name": "grow", "materials": {"m": {}},
@@ -666,12 +804,12 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
             # in this record's tangents (float64 reference; the kernel rounds in f32)
             jt = np.zeros(3)
             if q >= 0:
-                old_n = _record_normal_ref(prev["normal_code"][a + q], i, prev["other"][a + q])
+                old_n = _record_normal_ref(prev["normal_code"][a + q], prev["feature"][a + q])
                 o1, o2 = _tangents_ref(old_n)
                 old_t = prev["impulse_t"][a + q, 0] * o1 + prev["impulse_t"][a + q, 1] * o2
-                n = _record_normal_ref(cur["normal_code"][r], i, cur["other"][r])
+                n = _record_normal_ref(cur["normal_code"][r], cur["feature"][r])
                 jt = warm * (old_t - old_t.dot(n) * n)
-            t1, t2 = _tangents_ref(_record_normal_ref(cur["normal_code"][r], i, cur["other"][r]))
+            t1, t2 = _tangents_ref(_record_normal_ref(cur["normal_code"][r], cur["feature"][r]))
             assert np.allclose(cur["impulse_t"][r], [jt.dot(t1), jt.dot(t2)], rtol=1e-4, atol=1e-7), (i, r)
             checked_beyond_8 += q >= 8
     assert checked_beyond_8 > 0, "no warm-start partner sat past the 8th record: the test needs longer lists"
@@ -701,10 +839,10 @@ def _encode_normal_ref(n):
     return int(np.int32(np.uint32((q[0] & 0xFFFF) | ((q[1] & 0xFFFF) << 16))))
 
 
-def _record_normal_ref(code, owner, other):
-    """numpy reference of app.contacts.record_normal: the code stores the normal of the pair's lower-index
-    body (or of the body, against a plane); the other copy's is its negative."""
-    return _decode_normal_ref(code) * (1.0 if other < 0 or owner < other else -1.0)
+def _record_normal_ref(code, feature):
+    """numpy reference of app.contacts.record_normal: the code stores the normal that pushes the pair's first
+    body (or the body, against a plane); the second body's copy, flagged in its feature, negates it."""
+    return _decode_normal_ref(code) * (-1.0 if int(feature) & SECOND_COPY else 1.0)
 
 
 def test_normal_code_round_trips_within_7e_5_rad_and_axes_exactly(sim):
@@ -818,8 +956,8 @@ def test_pair_contact_copies_hold_opposite_impulses_bit_for_bit(sim):
                 copies.setdefault((i, int(rec["other"][r]), int(rec["feature"][r])), []).append(r)
     pairs = 0
     for (i, j, f), rs in copies.items():
-        mirror = copies.get((j, i, f))
-        if i > j or mirror is None or len(rs) != 1 or len(mirror) != 1:
+        mirror = copies.get((j, i, f | SECOND_COPY))   # (i, j, f) the first body's copy, its mirror flagged
+        if f & SECOND_COPY or mirror is None or len(rs) != 1 or len(mirror) != 1:
             continue
         a, b = rs[0], mirror[0]
         assert rec["normal_code"][a] == rec["normal_code"][b], (i, j, f)   # (each copy's normal: +- its decoding)

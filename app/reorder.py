@@ -1,0 +1,114 @@
+"""Re-sorting the bodies in memory by where they are now, keeping every contact and the motion bit for bit.
+
+Why: the kernels read a body's data from every thread that touches one of its contacts, and process bodies
+in grid order (app.broadphase.Grid.body_order), so that the threads of a warp work on neighbours. That pays
+only while neighbours are also near in memory. The Simulation stores bodies in Z-order of their initial
+positions; a pile poured from a height ends far from that order (H200, pile_1m after 1055 steps: with the
+bodies stored again in Z-order of their landed positions, a Jacobi iteration cost 12% less per contact:
+docs/benchmarks.md, session 13).
+
+What a re-sort moves: body k of the new order is body order[k] of the old (order = grid.body_order, the
+bodies sorted by grid bucket, which follows space in Z-order). Every per-body field of the Model and the
+State is gathered into that order, and the current generation of contact lists is copied into the other
+generation at the new indices with `other` renumbered, then made current (ContactSet.flip): the next step
+warm-starts from it as from any step's. Nothing else holds a body index across steps: the grid and the
+solver's buffers are rebuilt every step, and the pair conventions follow app.model.Model.body_id, which
+moves with its body. So a re-sort changes no bit of the motion (tests/test_sim.py).
+"""
+
+import taichi as ti
+
+from app.integrator import NO_ERROR
+from app.model import BODY_FIELDS as MODEL_BODY_FIELDS
+from app.state import BODY_FIELDS as STATE_BODY_FIELDS
+
+
+@ti.data_oriented
+class Reorder:
+    """Scratch for a re-sort of up to `capacity` bodies: the inverse permutation and one gather buffer per
+    element kind (i32, f32, vec4 f32), 28 bytes a body. Each per-body field is gathered into its kind's
+    buffer and copied back, one field after the other, so the fields keep their identity (a viewer binds
+    them)."""
+
+    def __init__(self, capacity: int):
+        n = max(1, int(capacity))
+        self.capacity = n
+        self.inverse = ti.field(ti.i32, n)    # inverse[old stored index] = new stored index
+        self.scratch_i32 = ti.field(ti.i32, n)
+        self.scratch_f32 = ti.field(ti.f32, n)
+        self.scratch_vec = ti.Vector.field(4, ti.f32, n)
+
+
+@ti.func
+def _permute_field(f: ti.template(), reorder: ti.template(), order: ti.template(), n):
+    """f[k] = old f[order[k]] for k < n, through the scratch buffer of f's kind."""
+    if ti.static(hasattr(f, "n")):   # a vector field: through the vec4 buffer
+        for k in range(n):
+            v = f[order[k]]
+            w = ti.Vector([0.0, 0.0, 0.0, 0.0])
+            for c in ti.static(range(f.n)):
+                w[c] = v[c]
+            reorder.scratch_vec[k] = w
+        for k in range(n):
+            w = reorder.scratch_vec[k]
+            v = f[k]
+            for c in ti.static(range(f.n)):
+                v[c] = w[c]
+            f[k] = v
+    elif ti.static(f.dtype == ti.i32):
+        for k in range(n):
+            reorder.scratch_i32[k] = f[order[k]]
+        for k in range(n):
+            f[k] = reorder.scratch_i32[k]
+    else:
+        for k in range(n):
+            reorder.scratch_f32[k] = f[order[k]]
+        for k in range(n):
+            f[k] = reorder.scratch_f32[k]
+
+
+@ti.kernel
+def kernel_permute_bodies(model: ti.template(), state: ti.template(), health: ti.template(),
+                          reorder: ti.template(), order: ti.template()):
+    """Store body order[k] at index k (k < model.body_count) in every per-body field of model and state, fill
+    reorder.inverse, and renumber health.error_body. order: i32 field, a permutation of 0..body_count-1.
+    The top-level loops run one after the other (a field is gathered completely before it is copied back)."""
+    n = model.body_count[None]
+    for k in range(n):
+        reorder.inverse[order[k]] = k
+    for name in ti.static(MODEL_BODY_FIELDS):
+        _permute_field(ti.static(getattr(model, name)), reorder, order, n)
+    for name in ti.static(STATE_BODY_FIELDS):
+        _permute_field(ti.static(getattr(state, name)), reorder, order, n)
+    if health.error_body[None] != NO_ERROR:
+        health.error_body[None] = reorder.inverse[health.error_body[None]]
+
+
+@ti.kernel
+def kernel_permute_lists(lists: ti.template(), src_base: ti.i32, dst_base: ti.i32, n: ti.i32,
+                         reorder: ti.template(), order: ti.template()):
+    """lists[dst_base + k] = lists[src_base + order[k]] for k < n, record by record in the same order, with
+    `other` (a stored body index, or -1 - plane) renumbered through reorder.inverse. Empties each destination
+    list first, so it can run again as a whole (vla.launch(..., rollback=False) after a VLA grew)."""
+    for k in range(n):
+        dst = dst_base + k
+        src = src_base + order[k]
+        lists.clear(dst)
+        for q in range(lists.length(src)):
+            rec = lists.get(src, q)
+            if rec.other >= 0:
+                rec.other = reorder.inverse[rec.other]
+            lists.append(dst, rec)
+
+
+def resort_bodies(model, state, contacts, health, reorder, order, body_count: int):
+    """Re-sort the first body_count bodies into `order` (see the module docstring): model, state, health's
+    error body, and contacts (the current generation copied to the other at the new indices, then made
+    current). The caller updates its host bookkeeping (app.sim.Simulation.resort)."""
+    from vla import launch
+
+    kernel_permute_bodies(model, state, health, reorder, order)
+    lists = contacts.lists
+    launch(kernel_permute_lists, lists, contacts.base, contacts.prev_base, int(body_count), reorder, order,
+           vlas=[lists] if contacts.kind == "vla" else [], rollback=False)
+    contacts.flip()
