@@ -512,6 +512,42 @@ def test_trim_releases_and_keeps_contents():
     assert lists[4] == sorted([12, 13, 14] + list(range(4, 160, 16)))
 
 
+def test_permute_moves_lists_with_their_capacity():
+    # permute(order, first, count): list first + k becomes list first + order[k], elements and chunks: the
+    # same contents as a Python reference, nothing allocated, and refilling every list to its old length in
+    # its new place grows nothing (the capacity went with the data). The flat walk (table_owner) names the
+    # new owners.
+    rng = np.random.default_rng(4)
+    v = VLA(40, ti.i32, inline_capacity=2, chunk_size=4, name="perm")
+    lens = rng.integers(0, 30, 40)
+    lens[:3] = [0, 2, 29]
+    ref = [list(rng.integers(-1000, 1000, n)) for n in lens]
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    v.from_csr(offsets, np.concatenate(ref).astype(np.int32))
+    first, count = 5, 30
+    order = rng.permutation(count)
+    before = v.stats()
+    v.permute(_order_field(order), first, count)
+    want = ref[:first] + [ref[first + x] for x in order] + ref[first + count:]
+    assert [list(map(int, l)) for l in v.to_lists()] == [list(map(int, l)) for l in want]
+    out = ti.ndarray(ti.i32, shape=40)
+    out.fill(0)
+    k_flat_sum(v, out)
+    assert out.to_numpy().tolist() == [int(sum(l)) for l in want]
+    after = v.stats()
+    for key in ("pool_chunks_total", "pool_chunks_used", "reserved_bytes", "grow_events", "overflow_events"):
+        assert after[key] == before[key], key
+    # refill each list to its length: within its own (moved) chunks, no growth
+    new_lens = np.array([len(l) for l in want], np.int32)
+    v.clear_all()
+    owner = np.repeat(np.arange(40, dtype=np.int32), new_lens)
+    append_pairs(v, owner.tolist(), list(range(owner.size)), use_launch=False)
+    v.commit()
+    assert v.stats()["grow_events"] == before["grow_events"] and v.lengths().tolist() == new_lens.tolist()
+    with pytest.raises(ValueError, match="permute"):
+        v.permute(_order_field(order), 20, 30)
+
+
 def test_growth_moves_only_the_lists_that_grew():
     """With room left in the pool, commit gives a list that ran out a larger run of chunks at the end of
     the pool (its old run becomes a hole) instead of re-laying the whole pool out; get(), reduce(), flat
@@ -730,7 +766,22 @@ op = st.one_of(
     st.tuples(st.just("clear_all")),
     st.tuples(st.just("from_csr"), st.lists(st.lists(st.integers(-99, 99), max_size=12), min_size=6, max_size=6)),
     st.tuples(st.just("set"), st.integers(0, 5), st.integers(0, 30), st.integers(-99, 99)),
+    st.tuples(st.just("permute"), st.integers(0, 5), st.permutations(range(6))),
 )
+
+
+_ORDER = {}
+
+
+def _order_field(order):
+    """An i32 field (one for the module: fields made between kernels cost a new SNode tree) holding order."""
+    if "f" not in _ORDER:
+        _ORDER["f"] = ti.field(ti.i32, 64)
+    f = _ORDER["f"]
+    a = np.zeros(64, np.int32)
+    a[:len(order)] = order
+    f.from_numpy(a)
+    return f
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -780,6 +831,11 @@ def test_random_operation_sequences_match_list_reference(config, ops):
                 ref[i] = v.to_lists()[i]
                 ref[i][k] = x
                 k_set(v, i, k, x)
+        elif kind == "permute":
+            first, perm = o[1], o[2]
+            order = [x for x in perm if x < 6 - first]   # a permutation of 0..count-1
+            ref = ref[:first] + [ref[first + x] for x in order]
+            v.permute(_order_field(order), first, 6 - first)
         got = v.to_lists()
         assert [sorted(l) for l in got] == [sorted(l) for l in ref], f"after {kind}"
         assert v.lengths().tolist() == [len(l) for l in ref]

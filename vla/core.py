@@ -288,6 +288,36 @@ def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, tot
     v._scalars[3] = 0
 
 
+@ti.kernel
+def _k_permute(v: ti.template(), order: ti.template(), first: ti.i32, count: ti.i32, meta: _i32_nd):
+    """Lists first + k take lists first + order[k] (k < count): length, chunk run and inline elements. The
+    old values are staged first (meta: 3 * count entries, relayout_tmp: count * inline_capacity elements);
+    the launch's loops run one after the other."""
+    ic = ti.static(v.inline_capacity)
+    for k in range(count):
+        s = first + order[k]
+        n = v.length_field[s]
+        meta[3 * k] = n
+        meta[3 * k + 1] = v.table_start[s]
+        meta[3 * k + 2] = v.table_chunks[s]
+        if ti.static(ic > 0):
+            for e in range(ti.min(n, ic)):
+                v.relayout_tmp[k * ic + e] = v.store[s * ic + e]
+    for k in range(count):
+        d = first + k
+        n = meta[3 * k]
+        start = meta[3 * k + 1]
+        chunks = meta[3 * k + 2]
+        v.length_field[d] = n
+        v.table_start[d] = start
+        v.table_chunks[d] = chunks
+        if ti.static(ic > 0):
+            for e in range(ti.min(n, ic)):
+                v.store[d * ic + e] = v.relayout_tmp[k * ic + e]
+        for c in range(chunks):
+            v.table_owner[start + c] = d
+
+
 @ti.func
 def _move_overflow_home(v: ti.template()):
     """Store the parked elements at home, then empty the overflow area. Does nothing while _scalars[4] says
@@ -827,6 +857,27 @@ class VLA:
             self._regrow("ovf_value", self._store_dtype, self._default_ovf)
             self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf)
             self._scalars[1] = self._default_ovf
+
+    def permute(self, order, first=0, count=None):
+        """Reorder lists in place: list first + k becomes what list first + order[k] was (k < count), with
+        its elements and its capacity (the chunks it owns go with it, so memoised capacity follows the data
+        and nothing is allocated). order: i32 Taichi field holding a permutation of 0..count-1 in its first
+        count entries. Cost: the lists' inline parts and chunk tables; pool elements do not move.
+        Appends still in the overflow area are committed first."""
+        count = self.num_arrays - first if count is None else int(count)
+        if first < 0 or count < 0 or first + count > self.num_arrays:
+            raise ValueError(f"VLA {self.name!r}.permute: lists [{first}, {first + count}) outside "
+                             f"[0, {self.num_arrays})")
+        if count == 0:
+            return
+        self.commit()
+        meta = self._scratch_nd("permute_meta", 3 * count)
+        staged = count * self.inline_capacity
+        if self._caps["relayout_tmp"] < staged:
+            self._regrow("relayout_tmp", self._store_dtype, staged)
+        _k_permute(self, order, first, count, meta)
+        if self._caps["relayout_tmp"] > 1:   # (staging is given back, as after a re-layout)
+            self._regrow("relayout_tmp", self._store_dtype, 1)
 
     def lengths(self) -> np.ndarray:
         """Lengths of all lists, np.int32 (num_arrays,)."""
