@@ -502,8 +502,8 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                    contacts: ti.template(), i, j, m):
     """Append manifold m of pair (i, j) (i the lower body id, see _ordered_pair; or j = -1 - plane) to both
     bodies' lists (lists[base + body]): both copies store the normal that pushes i (the manifold's normal
-    points from i to j; a plane's pushes the body), j's copy with SECOND_COPY in its feature. Kept out of the per-class code so that the kernel inlines it
-    once per loop (compile time)."""
+    points from i to j; a plane's pushes the body), j's copy with SECOND_COPY in its feature. Kept out of the
+    per-class code so that the kernel inlines it once per loop (compile time)."""
     if m.count > 0:
         # What prepare did per copy until session 10, done here once per pair: both copies get the same
         # restitution target (bias) and warm-start impulses (mirrored), from one key search.

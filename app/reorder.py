@@ -4,8 +4,8 @@ Why: the kernels read a body's data from every thread that touches one of its co
 in grid order (app.broadphase.Grid.body_order), so that the threads of a warp work on neighbours. That pays
 only while neighbours are also near in memory. The Simulation stores bodies in Z-order of their initial
 positions; a pile poured from a height ends far from that order (H200, pile_1m after 1055 steps: with the
-bodies stored again in Z-order of their landed positions, a Jacobi iteration cost 12% less per contact:
-docs/benchmarks.md, session 13).
+bodies stored again in Z-order of their landed positions, a Jacobi iteration cost 12% less per contact,
+session 13; with this re-sort every 500 steps, 0.713 -> 0.630 ms, session 14: docs/benchmarks.md).
 
 What a re-sort moves: body k of the new order is body order[k] of the old (order = grid.body_order, the
 bodies sorted by grid bucket, which follows space in Z-order). Every per-body field of the Model and the
@@ -15,9 +15,11 @@ current generation as from any step's. A VLA storage permutes its lists in place
 list's chunks go with it, so the capacity each body's lists have grown to stays theirs and a re-sort
 allocates nothing (copying the records into the other generation instead left each body with the capacity
 of another: pile_1m's contact memory grew from 1,824 to 2,139 MiB over two re-sorts). The padded and dynamic
-storages copy the records into the other generation instead and make it current. Nothing else holds a body index across steps: the grid and the
-solver's buffers are rebuilt every step, and the pair conventions follow app.model.Model.body_id, which
-moves with its body. So a re-sort changes no bit of the motion (tests/test_sim.py).
+storages copy the records into the other generation instead and make it current.
+
+Nothing else holds a body index across steps: the grid and the solver's buffers are rebuilt every step, and
+the pair conventions follow app.model.Model.body_id, which moves with its body. So a re-sort changes no bit
+of the motion (tests/test_sim.py).
 """
 
 import taichi as ti
@@ -92,8 +94,8 @@ def kernel_permute_bodies(model: ti.template(), state: ti.template(), health: ti
 def kernel_permute_lists(lists: ti.template(), src_base: ti.i32, dst_base: ti.i32, n: ti.i32,
                          reorder: ti.template(), order: ti.template()):
     """lists[dst_base + k] = lists[src_base + order[k]] for k < n, record by record in the same order, with
-    `other` (a stored body index, or -1 - plane) renumbered through reorder.inverse. Empties each destination
-    list first, so it can run again as a whole (vla.launch(..., rollback=False) after a VLA grew)."""
+    `other` (a stored body index, or -1 - plane) renumbered through reorder.inverse. For the padded and dynamic
+    storages: a destination list receives no more records than its source held, so no append can be dropped."""
     for k in range(n):
         dst = dst_base + k
         src = src_base + order[k]
@@ -123,16 +125,12 @@ def resort_bodies(model, state, contacts, health, reorder, order, body_count: in
     """Re-sort the first body_count bodies into `order` (see the module docstring): model, state, health's
     error body, and both generations of contact lists. The caller updates its host bookkeeping
     (app.sim.Simulation.resort)."""
-    from vla import launch
-
     n = int(body_count)
     kernel_permute_bodies(model, state, health, reorder, order)
     lists = contacts.lists
     if contacts.kind == "vla":
-        lists.permute(order, contacts.base, n)
-        lists.permute(order, contacts.prev_base, n)
+        lists.permute(order, (contacts.base, contacts.prev_base), n)
         kernel_renumber_others(lists, contacts.base, contacts.prev_base, n, reorder)
     else:
-        launch(kernel_permute_lists, lists, contacts.base, contacts.prev_base, n, reorder, order, vlas=[],
-               rollback=False)
+        kernel_permute_lists(lists, contacts.base, contacts.prev_base, n, reorder, order)
         contacts.flip()

@@ -546,6 +546,16 @@ def test_permute_moves_lists_with_their_capacity():
     assert v.stats()["grow_events"] == before["grow_events"] and v.lengths().tolist() == new_lens.tolist()
     with pytest.raises(ValueError, match="permute"):
         v.permute(_order_field(order), 20, 30)
+    with pytest.raises(ValueError, match="overlap"):
+        v.permute(_order_field(order[:8]), (0, 5), 8)
+    # two ranges by one order, as a simulator's two contact generations
+    cur = v.to_lists()
+    order8 = rng.permutation(8)
+    v.permute(_order_field(order8), (20, 2), 8)
+    want = list(cur)
+    for f in (2, 20):
+        want[f:f + 8] = [cur[f + x] for x in order8]
+    assert [list(map(int, l)) for l in v.to_lists()] == [list(map(int, l)) for l in want]
 
 
 def test_growth_moves_only_the_lists_that_grew():
