@@ -521,7 +521,8 @@ def test_resort_changes_no_motion_bit_for_bit(sim, padded_sim, kind):
 
 def test_resort_keeps_host_views_errors_and_added_bodies(sim):
     # After resorts: host accessors (read back lazily from the device ids), the shapes and masses of bodies
-    # added later (within the capacity and past it), and the body named by an explosion, all in scene order.
+    # added later (within the capacity; past it: test_add_bodies_grows_capacity_without_loss), and the body
+    # named by an explosion, all in scene order.
     from app.sim import SimulationError
 
     pile = _small_pile("vla")
@@ -600,11 +601,14 @@ def test_add_bodies_grows_capacity_without_loss(sim):
     assert sim.body_count == CAPACITY and sim.capacity == CAPACITY
     sim.step_frame()
     before = sim.positions().copy()
+    sim.resort()   # the growth below then starts from re-sorted bodies (host rows read back lazily)
+    assert np.array_equal(sim.positions(), before)
     sim.add_bodies([{"generate": "grid", "shape": "box", "half_extents": [0.1, 0.1, 0.1], "count": [3, 1, 3],
                      "origin": [2, 2, 0], "spacing": 0.3, "material": "m"}])
     assert sim.body_count == CAPACITY + 9 and sim.capacity >= CAPACITY + 9
     assert np.array_equal(sim.positions()[:CAPACITY], before)
-    assert (sim.shapes()["shape"][CAPACITY:] == 1).all()
+    assert (sim.shapes()["shape"][:CAPACITY] == 0).all() and (sim.shapes()["shape"][CAPACITY:] == 1).all()
+    assert np.array_equal(sim.model.body_id.to_numpy()[:sim.body_count], sim.scene_of)
     for _ in range(90):  # 1.4 s: 0.63 s of fall, then the landing settles
         sim.step_frame()
     p = sim.positions()
