@@ -878,10 +878,10 @@ class VLA:
         self.commit()
         meta = self._scratch_nd("permute_meta", 3 * count)
         staged = count * self.inline_capacity
-        # The staging for the inline parts is the re-layout's (its own tree: a regrow recompiles nothing); it
-        # is given back afterwards, as after a re-layout. Allocating it costs more than the permutation (H200,
-        # 1M lists of 5 inline 48-byte records: ~12 ms of host time per allocation and release, against 0.7-1 ms
-        # of kernels), hence several ranges per call.
+        # The staging for the inline parts is the re-layout's (its own tree, so a regrow usually recompiles
+        # nothing: see the module docstring); it is given back afterwards, as after a re-layout. Allocating it
+        # costs more than the permutation (H200, 1M lists of 5 inline 48-byte records: ~12 ms of host time per
+        # allocation and release, against 0.7-1 ms of kernels), hence several ranges per call.
         if self._caps["relayout_tmp"] < staged:
             self._regrow("relayout_tmp", self._store_dtype, staged)
         for f in firsts:
