@@ -49,6 +49,7 @@ SIM_DEFAULTS = {
     "warm_start": 1.0,              # fraction of last step's impulses applied first (1: full; less loses support in tall stacks)
     "padded_capacity": 32,          # contacts per body for `contacts: padded` (and the dynamic max)
     "max_speed": 1000.0,            # m/s: faster than this is an explosion
+    "resort_interval": 500,         # steps between re-sorts of large scenes' bodies in memory (0: never)
 }
 
 MATERIAL_KEYS = {"density": 1000.0, "friction": 0.5, "restitution": 0.1}
@@ -385,7 +386,7 @@ def validate(data: dict, path="<dict>") -> Scene:
             sim[k] = _num(ctx, key, v, integer=True, low=1)
         elif k == "padded_capacity":
             sim[k] = _num(ctx, key, v, integer=True, low=1, high=4096)
-        elif k == "seed":
+        elif k in ("seed", "resort_interval"):
             sim[k] = _num(ctx, key, v, integer=True, nonneg=True)
         elif k == "gravity":
             sim[k] = [float(x) for x in _vec(ctx, key, v, 3)]

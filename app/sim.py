@@ -26,7 +26,7 @@ from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
 from app.model import HOST_BODY_KEYS, Model
 from app.narrowphase import find_contacts
 from app.reorder import Reorder, resort_bodies
-from app.scene import Scene
+from app.scene import SIM_DEFAULTS, Scene
 from app.solver import JacobiSolver
 from app.state import State
 
@@ -91,22 +91,23 @@ class Simulation:
             internal_of[s]. Fields, contact lists (and their `other`) and the grid use stored indices; the
             host accessors below and error messages use scene order. Bodies added at runtime are stored
             after the others, in their order; their scene indices continue the count.
-        resort_interval: steps between two resort() calls made by step() (0: never); they happen only with
-            at least resort_min_bodies bodies (a small scene's bodies share the caches whatever their order).
+        resort_interval: steps between two resort() calls made by step() (0: never): the scene's
+            sim.resort_interval unless the constructor was given one; they happen only with at least
+            resort_min_bodies bodies (a small scene's bodies share the caches whatever their order).
     """
 
     # Defaults of resort_interval / resort_min_bodies. A resort of pile_1m costs 12-30 ms on the H200, 2.3-3.8 of
     # them in kernels (docs/benchmarks.md, session 14): <= 0.06 ms a step at this interval, for a step 1 ms faster.
     # The interval and the threshold are not tuned: bodies of a pouring pile drift out of order within a few
     # hundred steps, and below ~20k bodies the data of a step fits the GPU's L2 cache in any order.
-    RESORT_INTERVAL = 500
+    RESORT_INTERVAL = SIM_DEFAULTS["resort_interval"]
     RESORT_MIN_BODIES = 20_000
 
     def __init__(self, scene: Scene, contacts=None, capacity=None, verbose=True, spatial_sort=True,
                  resort_interval=None):
         self.verbose = verbose
         self.spatial_sort = bool(spatial_sort)  # store bodies in Z-order (spatial_order); False: scene order
-        self.resort_interval = self.RESORT_INTERVAL if resort_interval is None else int(resort_interval)
+        self._resort_interval_override = None if resort_interval is None else int(resort_interval)
         self.resort_min_bodies = self.RESORT_MIN_BODIES
         self.contacts_kind = contacts or scene.sim["contacts"]
         if self.contacts_kind not in ("vla", "padded", "dynamic"):
@@ -140,6 +141,8 @@ class Simulation:
         self.dt = float(sim["dt"])
         self.substeps = int(sim["substeps"])
         self.solver_iterations = int(sim["solver_iterations"])
+        self.resort_interval = int(sim["resort_interval"]) if self._resort_interval_override is None else \
+            self._resort_interval_override
         # Bodies are stored in Z-order of their initial positions (spatial_order); scene_of[k] is the scene
         # index of stored body k, internal_of its inverse. Host accessors and messages speak scene order.
         self._set_order(spatial_order(scene.bodies["position"]) if self.spatial_sort else

@@ -571,12 +571,15 @@ def test_resort_keeps_host_views_errors_and_added_bodies(sim):
 
 
 def test_step_resorts_large_scenes_every_interval(sim):
-    # step() calls resort() every resort_interval steps once the scene has resort_min_bodies bodies.
-    sim.load(_small_pile("vla"))
+    # step() calls resort() every sim.resort_interval steps (the scene's key) once the scene has
+    # resort_min_bodies bodies.
+    pile = _small_pile("vla")
+    sim.load(scene_from_dict(pile.raw, ["sim.resort_interval=7"]))
+    assert sim.resort_interval == 7
     calls = []
     sim.resort = lambda: calls.append(sim.step_count)
     try:
-        sim.resort_interval, sim.resort_min_bodies = 7, 41
+        sim.resort_min_bodies = 41
         for _ in range(30):
             sim.step()
         assert calls == []   # 40 bodies < 41
@@ -586,7 +589,9 @@ def test_step_resorts_large_scenes_every_interval(sim):
         assert calls == [35, 42, 49, 56]
     finally:
         del sim.resort
-        sim.resort_interval, sim.resort_min_bodies = sim.RESORT_INTERVAL, sim.RESORT_MIN_BODIES
+        sim.resort_min_bodies = sim.RESORT_MIN_BODIES
+        sim.load(pile)
+    assert sim.resort_interval == sim.RESORT_INTERVAL == 500   # the default, back with a scene that sets none
 
 
 def test_add_bodies_grows_capacity_without_loss(sim):
