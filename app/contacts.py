@@ -216,7 +216,7 @@ class DynamicLists(_CountedLists):
         self.count[i] = 0
 
     def clear_all(self):
-        _k_clear_lists(self, 0, self.num_arrays)
+        kernel_clear_lists(self, 0, self.num_arrays)
 
     def stats(self) -> dict:
         lengths = self.lengths()
@@ -271,7 +271,8 @@ def taichi_pool_gb(scene, capacity: int = 0) -> float | None:
 
 
 @ti.kernel
-def _k_clear_lists(lists: ti.template(), start: ti.i32, stop: ti.i32):
+def kernel_clear_lists(lists: ti.template(), start: ti.i32, stop: ti.i32):
+    """Empty lists[start:stop] (capacity kept)."""
     for i in range(start, stop):
         lists.clear(i)
 
@@ -346,7 +347,7 @@ class ContactSet:
     def begin_step(self, body_count: int):
         """flip() and empty the new generation's lists, for callers that fill them without the narrowphase."""
         self.flip()
-        _k_clear_lists(self.lists, self.base, self.base + body_count)
+        kernel_clear_lists(self.lists, self.base, self.base + body_count)
 
     def set_limit(self, max_per_body: int):
         """Padded/dynamic: the per-body maximum in use (<= the allocated one); no effect on a VLA."""
@@ -354,7 +355,7 @@ class ContactSet:
             self.lists.limit[None] = min(int(max_per_body), self.lists.max_length)
 
     def reset(self):
-        _k_clear_lists(self.lists, 0, 2 * self.body_capacity)
+        kernel_clear_lists(self.lists, 0, 2 * self.body_capacity)
         self.contact_total[None] = 0
         self.max_depth[None] = 0.0
 

@@ -10,7 +10,7 @@ session 13; with this re-sort every 500 steps, 0.713 -> 0.630 ms, session 14: do
 What a re-sort moves: body k of the new order is body order[k] of the old (order = grid.body_order, the
 bodies sorted by grid bucket, which follows space in Z-order). Every per-body field of the Model and the
 State is gathered into that order, and so are both generations of contact lists, with `other` renumbered in
-the current one (the other is emptied: the next step rebuilds it). The next step warm-starts from the
+the current one (the other is emptied first: the next step rebuilds it). The next step warm-starts from the
 current generation as from any step's. A VLA storage permutes its lists in place (vla.VLA.permute): each
 list's chunks go with it, so the capacity each body's lists have grown to stays theirs and a re-sort
 allocates nothing (copying the records into the other generation instead left each body with the capacity
@@ -24,6 +24,7 @@ of the motion (tests/test_sim.py).
 
 import taichi as ti
 
+from app.contacts import kernel_clear_lists
 from app.integrator import NO_ERROR
 from app.model import BODY_FIELDS as MODEL_BODY_FIELDS
 from app.state import BODY_FIELDS as STATE_BODY_FIELDS
@@ -57,10 +58,7 @@ def _permute_field(f: ti.template(), reorder: ti.template(), order: ti.template(
             reorder.scratch_vec[k] = w
         for k in range(n):
             w = reorder.scratch_vec[k]
-            v = f[k]
-            for c in ti.static(range(f.n)):
-                v[c] = w[c]
-            f[k] = v
+            f[k] = ti.Vector([w[c] for c in ti.static(range(f.n))])
     elif ti.static(f.dtype == ti.i32):
         for k in range(n):
             reorder.scratch_i32[k] = f[order[k]]
@@ -108,17 +106,14 @@ def kernel_permute_lists(lists: ti.template(), src_base: ti.i32, dst_base: ti.i3
 
 
 @ti.kernel
-def kernel_renumber_others(lists: ti.template(), base: ti.i32, other_base: ti.i32, n: ti.i32,
-                           reorder: ti.template()):
-    """In lists[base + k] (k < n) set every record's `other` body to its new index (reorder.inverse); empty
-    lists[other_base + k], whose records hold old indices (the next step rebuilds them)."""
+def kernel_renumber_others(lists: ti.template(), base: ti.i32, n: ti.i32, reorder: ti.template()):
+    """In lists[base + k] (k < n) set every record's `other` body to its new index (reorder.inverse)."""
     for k in range(n):
         li = base + k
         for q in range(lists.length(li)):
             o = lists.get_member(li, q, "other")
             if o >= 0:
                 lists.set_member(li, q, "other", reorder.inverse[o])
-        lists.clear(other_base + k)
 
 
 def resort_bodies(model, state, contacts, health, reorder, order, body_count: int):
@@ -129,8 +124,11 @@ def resort_bodies(model, state, contacts, health, reorder, order, body_count: in
     kernel_permute_bodies(model, state, health, reorder, order)
     lists = contacts.lists
     if contacts.kind == "vla":
+        # The previous generation's records hold old indices and the next step rebuilds them: emptied first,
+        # its lists move only their chunks (their capacity), not their inline records.
+        kernel_clear_lists(lists, contacts.prev_base, contacts.prev_base + n)
         lists.permute(order, (contacts.base, contacts.prev_base), n)
-        kernel_renumber_others(lists, contacts.base, contacts.prev_base, n, reorder)
+        kernel_renumber_others(lists, contacts.base, n, reorder)
     else:
         kernel_permute_lists(lists, contacts.base, contacts.prev_base, n, reorder, order)
         contacts.flip()
