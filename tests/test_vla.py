@@ -8,7 +8,7 @@ import taichi as ti
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vla import VLA, VLACapacityError, VLAOverflowError, launch
+from vla import VLA, Batch, VLACapacityError, VLAOverflowError, launch
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
 
@@ -126,6 +126,36 @@ def k_contend(v: ti.template(), n: ti.i32):
 def k_fill_mod(v: ti.template(), n: ti.i32):
     for j in range(n):
         v.append(j % v.num_arrays, j)
+
+
+@ti.kernel
+def k_refill_pairs(v: ti.template(), owner: _i32_nd, value: _i32_nd, n: ti.i32):
+    """Empty every list, then append: a rebuild, safe to run again as a whole (like the simulator's kernels)."""
+    for i in range(v.num_arrays):
+        v.clear(i)
+    for j in range(n):
+        v.append(owner[j], value[j])
+
+
+@ti.kernel
+def k_copy_lists(src: ti.template(), dst: ti.template()):
+    """dst's lists := src's (a launch that reads what an earlier launch of a Batch appended)."""
+    for i in range(dst.num_arrays):
+        dst.clear(i)
+    for i in range(src.num_arrays):
+        for k in range(src.length(i)):
+            dst.append(i, src.get(i, k) + 1)
+
+
+def _pairs_nd(owner, value):
+    owner = np.asarray(owner, np.int32)
+    value = np.asarray(value, np.int32)
+    o = ti.ndarray(ti.i32, shape=max(len(owner), 1))
+    x = ti.ndarray(ti.i32, shape=max(len(owner), 1))
+    if len(owner):
+        o.from_numpy(owner)
+        x.from_numpy(value)
+    return o, x, len(owner)
 
 
 def append_pairs(v, owner, value, use_launch=True):
@@ -757,6 +787,102 @@ def test_from_csr_validation():
 
 
 # ---------------------------------------------------------------------------------------------- property-based
+# ---------------------------------------------------------------------------------------------- Batch
+def _lists_from(owner, vals, n):
+    ref = [[] for _ in range(n)]
+    for o, x in zip(owner, vals):
+        ref[int(o)].append(int(x))
+    return ref
+
+
+def test_batch_commits_on_the_device_and_reads_once():
+    """Lists outgrow their chunks inside a Batch: they grow into the pool's free chunks on the device, every
+    element is home after done(), and the pool was not grown by the host. A second fill of the same lengths
+    fits the memoised capacity."""
+    n = 8
+    v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, reserve=400, name="batch_ok")
+    pool0 = v.stats()["pool_chunks_total"]
+    owner = np.repeat(np.arange(n), np.arange(n) * 3)          # lengths 0, 3, ..., 21
+    vals = np.arange(len(owner)) * 7 + 1
+    ref = [sorted(r) for r in _lists_from(owner, vals, n)]
+    o, x, m = _pairs_nd(owner, vals)
+    batch = Batch()
+    for cycle in range(2):
+        batch.begin()
+        batch.launch(k_refill_pairs, v, o, x, m, vlas=[v], rollback=False)
+        assert batch.done() and batch.failed == []
+        assert sorted_lists(v) == ref
+        st_ = v.stats()
+        assert st_["pool_chunks_total"] == pool0 and st_["compact_events"] == 0
+        assert st_["overflow_events"] == 1 and st_["grow_events"] == 1, f"cycle {cycle}: {st_}"
+    out = ti.ndarray(ti.i32, shape=n)
+    k_flat_sum(v, out)
+    np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+
+
+@pytest.mark.parametrize("why", ["pool full", "overflow area full"])
+def test_batch_failure_leaves_readable_lists_then_launch_completes(why):
+    """When only the host can grow a VLA (its pool, or its overflow area, is too small), done() says False and
+    each list shows only elements that were appended to it, each once; the work run again through launch()
+    then holds every element."""
+    n = 6
+    if why == "pool full":
+        v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, reserve=4, name="batch_pool")
+    else:
+        v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, reserve=400, overflow_capacity=3, name="batch_ovf")
+    owner = np.repeat(np.arange(n), [6, 1, 9, 0, 4, 12])
+    vals = np.arange(len(owner)) + 100
+    ref = _lists_from(owner, vals, n)
+    o, x, m = _pairs_nd(owner, vals)
+    batch = Batch()
+    batch.begin()
+    batch.launch(k_refill_pairs, v, o, x, m, vlas=[v], rollback=False)
+    assert not batch.done()
+    assert [name for name, _ in batch.failed] == [v.name] and batch.failed[0][1] > 0
+    got = v.to_lists()
+    for i in range(n):
+        assert len(set(got[i])) == len(got[i]) and set(got[i]) <= set(ref[i]), i
+    assert sum(map(len, got)) < len(owner), "some appends could not be kept"
+    launch(k_refill_pairs, v, o, x, m, vlas=[v], rollback=False)
+    assert sorted_lists(v) == [sorted(r) for r in ref]
+    # and now the batch path fits
+    batch.begin()
+    batch.launch(k_refill_pairs, v, o, x, m, vlas=[v], rollback=False)
+    assert batch.done() and sorted_lists(v) == [sorted(r) for r in ref]
+
+
+def test_batch_rolls_back_and_later_launches_read_earlier_appends():
+    """Two launches in one batch, the second reading what the first appended (before done()). On success both
+    are complete. When the first needs the host, the VLAs given rollback=True are back to their contents
+    before the batch."""
+    n = 5
+    a = VLA(n, ti.i32, inline_capacity=2, chunk_size=2, reserve=200, name="batch_a")
+    b = VLA(n, ti.i32, inline_capacity=1, chunk_size=4, reserve=200, name="batch_b")
+    owner = np.repeat(np.arange(n), [3, 0, 7, 2, 5])
+    vals = np.arange(len(owner)) + 10
+    ref = _lists_from(owner, vals, n)
+    o, x, m = _pairs_nd(owner, vals)
+    batch = Batch()
+    batch.begin()
+    batch.launch(k_append_pairs, a, o, x, m)          # rollback=True (the default)
+    batch.launch(k_copy_lists, a, b, vlas=[b])
+    assert batch.done()
+    assert sorted_lists(a) == [sorted(r) for r in ref]
+    assert sorted_lists(b) == [sorted(y + 1 for y in r) for r in ref]
+    before_a, before_b = a.to_lists(), b.to_lists()
+    # a second round that cannot fit a's overflow area (1 slot): rolled back, both VLAs as before the batch
+    small = VLA(n, ti.i32, inline_capacity=0, chunk_size=1, reserve=100, overflow_capacity=1, name="batch_small")
+    small.from_csr(np.array([0, 1, 1, 3, 3, 3], np.int64), np.array([7, 8, 9], np.int32))
+    before_small = small.to_lists()
+    batch.begin()
+    batch.launch(k_append_pairs, small, o, x, m)
+    batch.launch(k_append_pairs, a, o, x, m)
+    assert not batch.done()
+    assert small.to_lists() == before_small and a.to_lists() == before_a and b.to_lists() == before_b
+    launch(k_append_pairs, small, o, x, m)
+    assert sorted_lists(small) == [sorted(p + r) for p, r in zip(before_small, ref)]
+
+
 _PROP = {}
 
 
@@ -777,6 +903,7 @@ op = st.one_of(
     st.tuples(st.just("from_csr"), st.lists(st.lists(st.integers(-99, 99), max_size=12), min_size=6, max_size=6)),
     st.tuples(st.just("set"), st.integers(0, 5), st.integers(0, 30), st.integers(-99, 99)),
     st.tuples(st.just("permute"), st.integers(0, 5), st.permutations(range(6))),
+    st.tuples(st.just("batch"), st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), max_size=40)),
 )
 
 
@@ -841,6 +968,19 @@ def test_random_operation_sequences_match_list_reference(config, ops):
                 ref[i] = v.to_lists()[i]
                 ref[i][k] = x
                 k_set(v, i, k, x)
+        elif kind == "batch":
+            # appends through a Batch (rollback=True): either all of them are in, or none and launch() adds them
+            pairs = o[1]
+            before = v.to_lists()
+            o_nd, x_nd, m = _pairs_nd([p[0] for p in pairs], [p[1] for p in pairs])
+            batch = _PROP.setdefault("batch", Batch())
+            batch.begin()
+            batch.launch(k_append_pairs, v, o_nd, x_nd, m)
+            if not batch.done():
+                assert v.to_lists() == before, "a failed batch rolls back"
+                launch(k_append_pairs, v, o_nd, x_nd, m)
+            for i, x in pairs:
+                ref[i].append(x)
         elif kind == "permute":
             first, perm = o[1], o[2]
             order = [x for x in perm if x < 6 - first]   # a permutation of 0..count-1

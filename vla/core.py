@@ -229,6 +229,46 @@ def _k_commit(v: ti.template(), pool_chunks: ti.i32):
 
 
 @ti.kernel
+def _k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slot: ti.i32):
+    """commit() decided on the device, for Batch: no host read. Lists that outgrew their chunks claim new runs
+    at the pool's bump and the parked elements move home, as in _k_commit. What only the host can fix is left
+    to it, with every list left readable: if some list found the pool full, or more appends overflowed than
+    the overflow area holds (then nothing is claimed), every list keeps only the elements in its own storage
+    (length clamped to capacity(i): each element it then shows is one that was appended) and the overflow area
+    empties. status[slot] = 0 when every append is home, else the number of appends that overflowed.
+    The bump is repaired as VLA._after_claims does."""
+    v._scalars[6] = v._scalars[0]
+    _claims_begin(v)
+    for i in range(v.num_arrays):
+        if v._scalars[6] > 0 and v._scalars[6] <= v._scalars[1]:
+            m = v._grow_target(i, v.length_field[i], 1)
+            if m > 0:
+                _claim_run(v, i, m, pool_chunks)
+    for o in range(ti.min(v._scalars[6], v._scalars[1])):
+        if v._scalars[6] <= v._scalars[1]:
+            meta = v.ovf_meta[o]
+            i = meta[0]
+            # home only if the list has room for it now (a list that found the pool full has not), and drop a
+            # slot past the length (the list was emptied since), as _move_overflow_home does
+            if meta[1] < ti.min(v.length_field[i], v.capacity(i)):
+                v.store[v._addr(i, meta[1])] = v.ovf_value[o]
+    for i in range(v.num_arrays):
+        if v._scalars[4] > 0 or v._scalars[6] > v._scalars[1]:
+            v.length_field[i] = ti.min(v.length_field[i], v.capacity(i))
+    failed = v._scalars[4] > 0 or v._scalars[6] > v._scalars[1]
+    status[slot] = ti.select(failed, v._scalars[6], 0)
+    if v._scalars[6] > 0:
+        v._scalars[8] += 1
+    if v._scalars[5] > 0:
+        v._scalars[9] += 1
+    if v._scalars[4] > 0:
+        v._scalars[2] = pool_chunks
+        v._scalars[4] = 0
+    v._scalars[0] = 0
+    v._scalars[7] = 0
+
+
+@ti.kernel
 def _k_claim_runs(v: ti.template(), moved: _i32_nd, pool_chunks: ti.i32):
     """reserve()/from_csr() and commit's slow path: every list with moved[i] > 0 claims that many chunks."""
     _claims_begin(v)
@@ -446,12 +486,14 @@ class VLA:
         self.table_chunks = ti.field(ti.i32)
         # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes,
         # [4] lists that found the pool full (until the host repairs the bump), [5] lists moved by the last
-        # claiming kernel, [7] its outcome (_claims_end)
+        # claiming kernel, [6] the overflow count the last device commit saw, [7] the claims' outcome
+        # (_claims_end), [8] / [9] device commits (Batch) that found parked appends / moved lists (counted
+        # into stats()'s overflow_events / grow_events)
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
         fb.dense(ti.i, n).place(self.table_start)
         fb.dense(ti.i, n).place(self.table_chunks)
-        fb.dense(ti.i, 8).place(self._scalars)
+        fb.dense(ti.i, 16).place(self._scalars)
         self._fixed_tree = fb.finalize()
 
         # Growable part: one field per SNode tree so a tree can be replaced without moving the others.
@@ -990,7 +1032,7 @@ class VLA:
         bump = int(self._scalars[2])
         reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
-        meta = 12 * self.num_arrays + 16 + 4 * self._caps["table_owner"] + 8 * ovf
+        meta = 12 * self.num_arrays + 64 + 4 * self._caps["table_owner"] + 8 * ovf
         element_reserved_bytes = (reserved_elems + ovf) * self.storage_bytes  # (padding included)
         return {
             "arrays": self.num_arrays,
@@ -1007,8 +1049,8 @@ class VLA:
             "pool_chunks_holes": holes,
             "pool_chunks_total": pool_chunks,
             "overflow_capacity": ovf,
-            "overflow_events": self.overflow_events,
-            "grow_events": self.grow_events,
+            "overflow_events": self.overflow_events + int(self._scalars[8]),
+            "grow_events": self.grow_events + int(self._scalars[9]),
             "compact_events": self.compact_events,
             "recompile_events": self.recompile_events,
         }
@@ -1252,6 +1294,17 @@ def _find_vlas(obj, found, depth=0):
                     _find_vlas(x, found, depth + 1)
 
 
+def _affected_vlas(args, vlas):
+    """The VLAs a launch commits: `vlas` if given, else those among args, else every live one."""
+    if vlas is None:
+        found = {}
+        for a in args:
+            _find_vlas(a, found)
+        prog = impl.get_runtime().prog
+        vlas = list(found.values()) or [v for v in _LIVE if v._prog is prog]
+    return list(vlas)
+
+
 def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
     """Run ``fn(*args)`` (a Taichi kernel, or a Python function launching kernels) without losing appends.
 
@@ -1268,13 +1321,7 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
     VLA less on every call.
     Returns what ``fn`` returned.
     """
-    if vlas is None:
-        found = {}
-        for a in args:
-            _find_vlas(a, found)
-        prog = impl.get_runtime().prog
-        vlas = list(found.values()) or [v for v in _LIVE if v._prog is prog]
-    vlas = list(vlas)
+    vlas = _affected_vlas(args, vlas)
     # Snapshot on the device (no host sync): lengths, and the appends still waiting in the overflow area
     # from before the call (they are moved home by the commit below, like the call's own).
     snaps = []
@@ -1307,3 +1354,89 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
     raise VLAOverflowError(
         f"vla.launch: {getattr(fn, '__name__', fn)} still overflowed after {max_retries} retries "
         f"(its appends are not deterministic in count?): {lost[0]}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Batch: several launches, committed on the device, checked with one host read
+# ----------------------------------------------------------------------------------------------------
+class Batch:
+    """Launches whose VLAs commit on the device, then one host read for all of them (:meth:`done`).
+
+    Why: :func:`launch` reads a scalar back after each call (whether anything overflowed, and whether the
+    lists that grew found room), and while the host reads and decides, the GPU idles. A simulation step with
+    three VLAs paid five such round trips (H200, landed 1M-body pile: 0.4 ms of a 11 ms step, measured by
+    leaving them out; docs/benchmarks.md, session 15). A Batch commits on the device instead: lists that
+    outgrew their chunks take new ones from the pool's free chunks there and the parked elements move home,
+    which is what a commit does on almost every call. done() then reads one small array.
+
+    What the device cannot do is grow the pool or the overflow area. If a launch needed that, done() returns
+    False and the caller runs the work again through :func:`launch`, which grows on the host. Until then the
+    VLAs are readable, never wrong: each list shows only elements that were appended to it (those that did not
+    fit are dropped), and the VLAs of launches given ``rollback=True`` are back to their lengths before the
+    batch. Later launches of the same batch may have read the short lists, so their results must be redone too.
+
+        batch = vla.Batch()
+        batch.begin()
+        batch.launch(kernel_a, x, vlas=[a], rollback=False)   # a kernel that empties what it appends to
+        batch.launch(kernel_b, y)                              # the VLAs among y, rolled back on failure
+        if not batch.done():
+            vla.launch(kernel_a, x, vlas=[a], rollback=False)
+            vla.launch(kernel_b, y)
+
+    The kernels have the same duty as under launch(): idempotent apart from their appends.
+    """
+
+    def __init__(self):
+        self._status = None
+        self._prog = impl.get_runtime().prog
+        self._entries = []   # (vla, status slot, snapshot ndarray or None), in launch order
+        self.failed = []     # after done() returned False: (VLA name, appends that overflowed) of each failure
+
+    def __del__(self):
+        try:   # an ndarray must not be freed through a later Taichi program (see _GRAVEYARD)
+            if impl.get_runtime().prog is not self._prog:
+                _GRAVEYARD.append(self._status)
+        except Exception:
+            pass
+
+    def begin(self):
+        """Start a batch (forgets the last one's launches)."""
+        self._entries = []
+        self.failed = []
+
+    def launch(self, fn, *args, vlas=None, rollback=True):
+        """Run ``fn(*args)`` and commit the affected VLAs on the device (no host read). ``vlas`` and ``rollback``
+        as for :func:`launch`. Returns what ``fn`` returned."""
+        vlas = _affected_vlas(args, vlas)
+        snaps = []
+        for v in vlas:
+            v._check_program()
+            snap = None
+            if rollback:
+                snap = v._scratch_nd(f"batch_snapshot_{len(self._entries) + len(snaps)}", v.num_arrays + 1)
+                _k_snapshot(v, snap)
+            snaps.append(snap)
+        result = fn(*args)
+        need = len(self._entries) + len(vlas)
+        if self._status is None or self._status.shape[0] < need:
+            self._status = ti.ndarray(ti.i32, shape=max(16, 2 * need))
+        for v, snap in zip(vlas, snaps):
+            k = len(self._entries)
+            _k_commit_device(v, v._caps["pool_chunks"], self._status, k)
+            self._entries.append((v, k, snap))
+        return result
+
+    def done(self) -> bool:
+        """One host read. True: every append of the batch's launches is readable, as after launch(). False: some
+        VLA needed the host to grow it (see the class docstring); the VLAs given ``rollback=True`` have been
+        rolled back, and the work must run again through launch()."""
+        if not self._entries:
+            return True
+        status = self._status.to_numpy()[:len(self._entries)]
+        if not status.any():
+            return True
+        for v, _, snap in reversed(self._entries):
+            if snap is not None:
+                _k_nd_to_lengths(v, snap)
+        self.failed = [(v.name, int(status[k])) for v, k, _ in self._entries if status[k]]
+        return False
