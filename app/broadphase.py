@@ -217,12 +217,15 @@ class Grid:
         empties only the first body_count lists of each class)."""
         self.pairs.clear_all()
 
-    def build(self, model, state):
+    def build(self, model, state, batch=None):
         """Rebuild the cell lists and body_order from the current positions (through vla.launch: no body is
-        ever lost; the kernel empties the cells before filling them, so a re-run needs no roll back)."""
+        ever lost; the kernel empties the cells before filling them, so a re-run needs no roll back). With a
+        vla.Batch, through it instead: the caller checks batch.done() and builds again without one if it
+        says False."""
         from vla import launch
 
-        launch(kernel_grid_insert, model, state, self, vlas=[self.cells], rollback=False)
+        (batch.launch if batch is not None else launch)(kernel_grid_insert, model, state, self, vlas=[self.cells],
+                                                         rollback=False)
 
     def stats(self) -> dict:
         s = dict(self.cells.stats())

@@ -656,12 +656,14 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
 
 
-def find_contacts(model, state, grid, contacts, dt: float):
+def find_contacts(model, state, grid, contacts, dt: float, batch=None):
     """Candidate pairs, then their contacts into contacts.lists[contacts.base + body] (grid.build first).
 
     Both kernels run inside one vla.launch (one commit per VLA at the end: the narrowphase reads the pairs'
-    pending appends itself). Both empty their lists before filling them, so a re-run after a VLA grew
-    needs no roll back. Padded and dynamic contact storages are not VLAs: only the pairs are committed."""
+    pending appends itself), or inside `batch` (a vla.Batch: the caller checks batch.done() and runs
+    find_contacts again without one if it says False). Both empty their lists before filling them, so a
+    re-run after a VLA grew needs no roll back. Padded and dynamic contact storages are not VLAs: only the
+    pairs are committed."""
     def both():
         kernel_candidate_pairs(model, state, grid)
         # sized here, not once per step: a re-run follows a commit that may have grown the pairs' pool
@@ -669,4 +671,4 @@ def find_contacts(model, state, grid, contacts, dt: float):
         kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts.prev_base, dt, contacts, compact)
 
     vlas = [grid.pairs] + ([contacts.lists] if contacts.kind == "vla" else [])
-    launch(both, vlas=vlas, rollback=False)
+    (batch.launch if batch is not None else launch)(both, vlas=vlas, rollback=False)

@@ -7,8 +7,10 @@ positions; a pile poured from a height ends far from that order (H200, pile_1m a
 bodies stored again in Z-order of their landed positions, a Jacobi iteration cost 12% less per contact,
 session 13; with this re-sort every 500 steps, 0.713 -> 0.630 ms, session 14: docs/benchmarks.md).
 
-What a re-sort moves: body k of the new order is body order[k] of the old (order = grid.body_order, the
-bodies sorted by grid bucket, which follows space in Z-order). Every per-body field of the Model and the
+What a re-sort moves: body k of the new order is body order[k] of the old, where order is grid.body_order (the
+bodies sorted by grid bucket, which follows space in Z-order) split by shape, spheres first, each part keeping
+its order (kernel_order_by_shape): the solver's warps then take bodies of one shape, whose lists have similar
+lengths (app.sim.storage_order says why). Every per-body field of the Model and the
 State is gathered into that order, and so are both generations of contact lists, with `other` renumbered in
 the current one (the other is emptied first: the next step rebuilds it). The next step warm-starts from the
 current generation as from any step's. A VLA storage permutes its lists in place (vla.VLA.permute): each
@@ -28,22 +30,54 @@ from app.contacts import kernel_clear_lists
 from app.integrator import NO_ERROR
 from app.model import BODY_FIELDS as MODEL_BODY_FIELDS
 from app.state import BODY_FIELDS as STATE_BODY_FIELDS
+from vla.scan import exclusive_scan, scan_scratch_size
+
+
+# Store bodies by shape, then by place (here and in app.sim.storage_order). A switch for measuring it: with
+# the solver's threads taking bodies in stored order, the split made landed pile_1m 0.7 ms a step faster on the
+# H200 (docs/results/h200/shape_split_s15.txt).
+SPLIT_BY_SHAPE = True
 
 
 @ti.data_oriented
 class Reorder:
-    """Scratch for a re-sort of up to `capacity` bodies: the inverse permutation and one gather buffer per
-    element kind (i32, f32, vec4 f32), 28 bytes a body. Each per-body field is gathered into its kind's
-    buffer and copied back, one field after the other, so the fields keep their identity (a viewer binds
-    them)."""
+    """Scratch for a re-sort of up to `capacity` bodies: the new order, the inverse permutation, the shape
+    split's prefix sum and one gather buffer per element kind (i32, f32, vec4 f32), 40 bytes a body. Each
+    per-body field is gathered into its kind's buffer and copied back, one field after the other, so the fields
+    keep their identity (a viewer binds them)."""
 
     def __init__(self, capacity: int):
         n = max(1, int(capacity))
         self.capacity = n
+        self.order = ti.field(ti.i32, n)      # order[k] = old stored index of the body that goes to k
         self.inverse = ti.field(ti.i32, n)    # inverse[old stored index] = new stored index
+        self.sphere_rank = ti.field(ti.i32, n + 1)   # spheres before order position t (exclusive scan)
+        self.scan_scratch = ti.field(ti.i32, scan_scratch_size(n))
         self.scratch_i32 = ti.field(ti.i32, n)
         self.scratch_f32 = ti.field(ti.f32, n)
         self.scratch_vec = ti.Vector.field(4, ti.f32, n)
+
+
+@ti.func
+def _flag_at(flags: ti.template(), t):
+    """Item t of exclusive_scan over a field of 0/1 flags."""
+    return flags[t]
+
+
+@ti.kernel
+def kernel_order_by_shape(model: ti.template(), grid_order: ti.template(), reorder: ti.template()):
+    """reorder.order = grid_order[:body_count] with the spheres first, then the boxes, each in grid order (a
+    stable split: the rank of a sphere is the number of spheres before it, from a prefix sum)."""
+    n = model.body_count[None]
+    for t in range(n):
+        reorder.scratch_i32[t] = ti.select(model.body_shape[grid_order[t]] == 0, 1, 0)
+    exclusive_scan(reorder.scratch_i32, _flag_at, n, reorder.scan_scratch, reorder.sphere_rank)
+    for t in range(n):
+        spheres_before = reorder.sphere_rank[t]
+        k = spheres_before
+        if reorder.scratch_i32[t] == 0:
+            k = reorder.sphere_rank[n] + t - spheres_before
+        reorder.order[k] = grid_order[t]
 
 
 @ti.func
@@ -116,11 +150,15 @@ def kernel_renumber_others(lists: ti.template(), base: ti.i32, n: ti.i32, reorde
                 lists.set_member(li, q, "other", reorder.inverse[o])
 
 
-def resort_bodies(model, state, contacts, health, reorder, order, body_count: int):
-    """Re-sort the first body_count bodies into `order` (see the module docstring): model, state, health's
-    error body, and both generations of contact lists. The caller updates its host bookkeeping
+def resort_bodies(model, state, contacts, health, reorder, grid_order, body_count: int):
+    """Re-sort the first body_count bodies by shape, then in grid_order (see the module docstring): model,
+    state, health's error body, and both generations of contact lists. The caller updates its host bookkeeping
     (app.sim.Simulation.resort)."""
     n = int(body_count)
+    order = grid_order
+    if SPLIT_BY_SHAPE:
+        kernel_order_by_shape(model, grid_order, reorder)
+        order = reorder.order
     kernel_permute_bodies(model, state, health, reorder, order)
     lists = contacts.lists
     if contacts.kind == "vla":

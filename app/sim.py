@@ -25,10 +25,12 @@ from app.errors import UserError
 from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
 from app.model import HOST_BODY_KEYS, Model
 from app.narrowphase import find_contacts
+from app import reorder as _reorder
 from app.reorder import Reorder, resort_bodies
 from app.scene import SIM_DEFAULTS, Scene
 from app.solver import JacobiSolver
 from app.state import State
+from vla import Batch
 
 
 class SimulationError(UserError):
@@ -58,6 +60,21 @@ def spatial_order(position: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+def storage_order(position: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """The order a Simulation stores bodies in: by shape (spheres, then boxes), each shape in Z-order of the
+    positions (spatial_order over all bodies, so both runs follow the same curve); stable.
+
+    Why by shape: the solver's thread i takes body i (app.solver), and a warp lasts as long as its longest
+    contact list. A box in a pile has more contacts than a sphere (up to four per face contact), so warps of one
+    shape waste fewer lanes (H200, landed pile_1m, with app.reorder's re-sorts by shape too: 11.6-11.8 -> 10.9-11.0
+    ms a step, docs/benchmarks.md, session 15). app.reorder.SPLIT_BY_SHAPE = False keeps Z-order only."""
+    z = spatial_order(position)
+    if not _reorder.SPLIT_BY_SHAPE:
+        return z
+    shape = np.asarray(shape).reshape(-1)
+    return z[np.argsort(shape[z], kind="stable")]
+
+
 def _round_capacity(n: int) -> int:
     cap = 16
     while cap < n:
@@ -85,8 +102,10 @@ class Simulation:
         overflow_events: list of {"step", "lost", "total"} dicts, one per step range in which the padded or
             dynamic storage dropped contacts (also printed on stderr).
         generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
-        scene_of, internal_of: int64 (N,): bodies are stored in Z-order of their initial positions
-            (spatial_order; spatial_sort=False keeps scene order), and again in the order of their current
+        vla_regrowths: steps whose broadphase and narrowphase ran a second time because a VLA had to grow on
+            the host (see step); a cost, never a loss.
+        scene_of, internal_of: int64 (N,): bodies are stored by shape, then in Z-order of their initial
+            positions (storage_order; spatial_sort=False keeps scene order), and again by shape and current
             positions by each resort(): stored body k is scene body scene_of[k], scene body s is stored at
             internal_of[s]. Fields, contact lists (and their `other`) and the grid use stored indices; the
             host accessors below and error messages use scene order. Bodies added at runtime are stored
@@ -106,7 +125,7 @@ class Simulation:
     def __init__(self, scene: Scene, contacts=None, capacity=None, verbose=True, spatial_sort=True,
                  resort_interval=None):
         self.verbose = verbose
-        self.spatial_sort = bool(spatial_sort)  # store bodies in Z-order (spatial_order); False: scene order
+        self.spatial_sort = bool(spatial_sort)  # store bodies by shape and place (storage_order); False: scene order
         self._resort_interval_override = None if resort_interval is None else int(resort_interval)
         self.resort_min_bodies = self.RESORT_MIN_BODIES
         self.contacts_kind = contacts or scene.sim["contacts"]
@@ -127,6 +146,7 @@ class Simulation:
         self.solver = JacobiSolver(self.model, scene.sim["solver_iterations"])
         self.grid = Grid(self.capacity)
         self.reorder = Reorder(self.capacity)
+        self._batch = Batch()
         self.health = Health()
         self.generation_id += 1
 
@@ -143,9 +163,9 @@ class Simulation:
         self.solver_iterations = int(sim["solver_iterations"])
         self.resort_interval = int(sim["resort_interval"]) if self._resort_interval_override is None else \
             self._resort_interval_override
-        # Bodies are stored in Z-order of their initial positions (spatial_order); scene_of[k] is the scene
-        # index of stored body k, internal_of its inverse. Host accessors and messages speak scene order.
-        self._set_order(spatial_order(scene.bodies["position"]) if self.spatial_sort else
+        # Bodies are stored by shape, then in Z-order of their initial positions (storage_order); scene_of[k] is
+        # the scene index of stored body k, internal_of its inverse. Host accessors and messages speak scene order.
+        self._set_order(storage_order(scene.bodies["position"], scene.bodies["shape"]) if self.spatial_sort else
                         np.arange(scene.body_count, dtype=np.int64))
         b = {key: np.asarray(arr)[self._scene_of] for key, arr in scene.bodies.items()}
         self.model.load(scene, b, ids=self._scene_of)
@@ -157,6 +177,7 @@ class Simulation:
         self.health.reset()
         self.step_count = 0
         self.overflow_events = []
+        self.vla_regrowths = 0   # steps whose broadphase and narrowphase ran again to grow a VLA (see step)
         self._overflow_seen = self.contacts.overflowed()
         self._contact_samples = []
         self.contacts.max_depth[None] = 0.0
@@ -218,24 +239,32 @@ class Simulation:
     # ------------------------------------------------------------------ stepping
     def step(self):
         """Advance one dt: 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them
-        per launch, see app.solver) and three host syncs, one commit per VLA (grid cells, candidate pairs,
-        contacts). A launch is the unit of host cost here, so kernels
-        that can share one do."""
+        per launch, see app.solver), 3 device-side commits (grid cells, candidate pairs, contacts) and one host
+        read. A launch and a host read are the units of host cost here, so kernels that can share one do.
+
+        The VLAs' commits run in one vla.Batch: lists that grew take chunks from their pool's free space on the
+        device, and the host reads once whether that sufficed. When it did not (a pool or an overflow area
+        too small: a few times while a scene's contacts grow), the broadphase and narrowphase run again
+        through vla.launch, which grows the VLAs on the host; nothing is lost either way."""
         self.contacts.flip()
-        self.grid.build(self.model, self.state)
+        self._batch.begin()
+        self.grid.build(self.model, self.state, self._batch)
+        find_contacts(self.model, self.state, self.grid, self.contacts, self.dt, self._batch)
+        if not self._batch.done():
+            self.vla_regrowths += 1
+            self.grid.build(self.model, self.state)
+            find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
         self._grid_order_current = True
-        find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
         self.solver.iterations = self.solver_iterations
-        self.solver.step(self.state, self.state, self.contacts, self.grid.body_order, self.dt, self.step_count,
-                         self.health)
+        self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
         self.step_count += 1
         if self.resort_interval > 0 and self.step_count % self.resort_interval == 0 and \
                 self.body_count >= self.resort_min_bodies:
             self.resort()
 
     def resort(self):
-        """Store the bodies again in the order of where they are now (app.reorder): grid order of this step's
-        positions (the grid is rebuilt first if the bodies changed since the last step). Keeps every contact
+        """Store the bodies again in the order of where they are now (app.reorder): by shape, then in grid order
+        of this step's positions (the grid is rebuilt first if the bodies changed since the last step). Keeps every contact
         and its impulses; the motion is the same to the last bit. Device work only: the host bookkeeping
         (scene_of, model.host) is brought up to date when next read."""
         if not self._grid_order_current:
@@ -361,4 +390,5 @@ class Simulation:
             "contact_storage": self.contacts.stats(),
             "grid": self.grid.stats(),
             "overflow_total": self.contacts.overflowed(),
+            "vla_regrowths": self.vla_regrowths,
         }

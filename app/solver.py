@@ -113,29 +113,26 @@ def angular_scale(inv_inertia_d):
 
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
-                   solver: ti.template(), contacts: ti.template(), order: ti.template(), dt: ti.f32):
+                   solver: ti.template(), contacts: ti.template(), dt: ti.f32):
     """Per body: apply gravity and the warm-start impulses its contacts already carry (the narrowphase set
     them, and each restitution target, from last step's lists: app.narrowphase) into solver buffer 0, and
     count contacts. The lists stay in the order the narrowphase appended them (any order gives the same
     motion: see FIXED_ONE).
 
-    Reads state (poses and velocities at the start of the step), model, lists[base + i], order (every
-    body once; neighbours next to each other, see JacobiSolver.step).
+    Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread t takes body t
+    (see JacobiSolver.step).
     Writes solver.motion[0, i], solver.body[i], contacts.contact_total (each pair counted once)."""
     g = model.gravity[None]
     n_bodies = model.body_count[None]
     contacts.contact_total[None] = 0
     for i in range(n_bodies):
-        d, o = sym_pack(world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]))
-        solver.body[i] = pack_body(SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i],
-                                              inv_inertia_d=d, inv_inertia_o=o,
-                                              split=ti.cast(lists.length(base + i), ti.f32),
-                                              friction=model.material_friction[model.body_material[i]]))
-    for t in range(n_bodies):
-        i = order[t]
+        # (one loop: a thread reads only its own body here; the iterations read the other bodies' records)
         li = base + i
         n = lists.length(li)
-        bi = unpack_body(solver.body[i])
+        d, o = sym_pack(world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]))
+        bi = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i], inv_inertia_d=d, inv_inertia_o=o,
+                        split=ti.cast(n, ti.f32), friction=model.material_friction[model.body_material[i]])
+        solver.body[i] = pack_body(bi)
         inv_m = bi.inv_mass
         xi = bi.pos
         vi = state.body_vel[i]
@@ -177,25 +174,23 @@ ITERATION_BATCH = 5
 
 @ti.kernel
 def kernel_solve_iterations(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
-                            order: ti.template(), src: ti.i32, count: ti.template(), dt: ti.f32):
+                            src: ti.i32, count: ti.template(), dt: ti.f32):
     """`count` (compile time) Jacobi iterations, the first reading solver.motion[src]; iteration c writes
     buffer (src + c + 1) % 2."""
     for c in ti.static(range(count)):
-        solve_iteration(model, lists, base, solver, order, (src + c) % 2, dt)
+        solve_iteration(model, lists, base, solver, (src + c) % 2, dt)
 
 
 @ti.func
-def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti.template(),
-                    order: ti.template(), src, dt):
+def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti.template(), src, dt):
     """One Jacobi + mass-splitting iteration: reads solver.motion[src] and solver.body, writes
     solver.motion[1 - src] and the accumulated impulses of each body's own contact records (those three
     members only: the rest of a record is read-only here). Call at a kernel's top level (its loop must
     stay a top-level loop to run in parallel)."""
-    for t in range(model.body_count[None]):
+    for i in range(model.body_count[None]):
         dst = 1 - src
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
-        i = order[t]
         li = base + i
         n_i = lists.length(li)
         bi = unpack_body(solver.body[i])
@@ -293,7 +288,7 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
 
 @ti.data_oriented
 class JacobiSolver:
-    """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, order, dt)`.
+    """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, dt)`.
 
     motion: Motion records (v, w, pv, pw: vec3 f32) packed as six u64 words (app.solver_body.pack_motion),
         shape (2, body_capacity): ping-pong buffers of velocity (m/s, rad/s) and split-impulse pseudo
@@ -313,21 +308,23 @@ class JacobiSolver:
         self.motion = MOTION_WORDS.store_dtype.field(shape=(2, n))   # packed Motion (pack_motion)
         self.body = BODY_WORDS.store_dtype.field(shape=n)            # packed SolverBody (pack_body)
 
-    def step(self, state_in, state_out, contacts, order, dt: float, step_index: int = 0, health=None):
+    def step(self, state_in, state_out, contacts, dt: float, step_index: int = 0, health=None):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate
         state_in -> state_out. state_in may be state_out: integration reads and writes only each body's
         own slots.
 
-        order: i32 field holding every body index once, in the order threads take them (app.broadphase.Grid
-        .body_order: sorted by grid cell, so a warp gathers neighbours that share contacts: the other body's
-        velocity is then mostly in cache). Any permutation gives the same result: each thread writes only
-        its own body, from the previous iteration's buffers."""
-        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, order, dt)
+        Thread i takes body i, so the order bodies are stored in is the order warps take them. The Simulation
+        stores them by shape, then by place (app.sim.storage_order, app.reorder): a warp's bodies are then
+        neighbours, whose data the contacts gather from shared cache lines, and of one shape, so that its
+        lists have similar lengths (a box has more contacts than a sphere, and a warp lasts as long as its
+        longest list). Any order gives the same result: each thread writes only its own body, from the
+        previous iteration's buffers."""
+        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, dt)
         src = 0
         left = self.iterations
         while left > 0:
             count = ITERATION_BATCH if left >= ITERATION_BATCH else 1
-            kernel_solve_iterations(self.model, contacts.lists, contacts.base, self, order, src, count, dt)
+            kernel_solve_iterations(self.model, contacts.lists, contacts.base, self, src, count, dt)
             src = (src + count) % 2
             left -= count
         kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health)

@@ -37,10 +37,10 @@ def main(stage: str) -> str:
 
     if stage == "prepare":
         poison()
-    kernel_prepare(sim.model, sim.state, lists, c.base, solver, c, sim.grid.body_order, sim.dt)
+    kernel_prepare(sim.model, sim.state, lists, c.base, solver, c, sim.dt)
     if stage == "iterations":
         poison()
-    kernel_solve_iterations(sim.model, lists, c.base, solver, sim.grid.body_order, 0, 1, sim.dt)
+    kernel_solve_iterations(sim.model, lists, c.base, solver, 0, 1, sim.dt)
     kernel_integrate(sim.model, sim.state, sim.state, solver, 1, sim.dt, sim.step_count, sim.health)
     try:
         sim.check()
