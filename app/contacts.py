@@ -116,7 +116,10 @@ class _CountedLists:
         self.name = name
         self.element_bytes = _dtype_bytes(dtype)
         self.count = ti.field(ti.i32, self.num_arrays)
-        self.overflow_count = ti.field(ti.i32, ())   # appends dropped since creation (cumulative)
+        self.overflow_count = ti.field(ti.i32, ())   # appends dropped by the fills a solver step consumed (cumulative)
+        # appends dropped by the latest fill (kernel_narrowphase resets it as it starts, so a fill run again, see
+        # app.sim.Simulation.step, is not counted twice; kernel_prepare moves it into overflow_count)
+        self.dropped_now = ti.field(ti.i32, ())
         self.limit = ti.field(ti.i32, ())            # runtime maximum <= max_length (lower it without reallocating)
         self.limit[None] = self.max_length
 
@@ -126,7 +129,7 @@ class _CountedLists:
         if slot < self.limit[None]:
             self.data[i, slot] = x
         else:
-            ti.atomic_add(self.overflow_count[None], 1)
+            ti.atomic_add(self.dropped_now[None], 1)
         return slot
 
     @ti.func
@@ -161,7 +164,7 @@ class _CountedLists:
         return np.minimum(self.count.to_numpy(), int(self.limit[None])).astype(np.int32)
 
     def overflowed(self) -> int:
-        return int(self.overflow_count[None])
+        return int(self.overflow_count[None]) + int(self.dropped_now[None])
 
 
 @ti.data_oriented

@@ -610,6 +610,8 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the
     kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
     n = model.body_count[None]
+    if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: this fill's drops, counted afresh
+        lists.dropped_now[None] = 0
     for i in range(n):
         lists.clear(base + i)
     margin = model.contact_margin[None]

@@ -264,9 +264,9 @@ class Simulation:
 
     def resort(self):
         """Store the bodies again in the order of where they are now (app.reorder): by shape, then in grid order
-        of this step's positions (the grid is rebuilt first if the bodies changed since the last step). Keeps every contact
-        and its impulses; the motion is the same to the last bit. Device work only: the host bookkeeping
-        (scene_of, model.host) is brought up to date when next read."""
+        of this step's positions (the grid is rebuilt first if the bodies changed since the last step). Keeps
+        every contact and its impulses; the motion is the same to the last bit. Device work only: the host
+        bookkeeping (scene_of, model.host) is brought up to date when next read."""
         if not self._grid_order_current:
             self.grid.build(self.model, self.state)
         resort_bodies(self.model, self.state, self.contacts, self.health, self.reorder, self.grid.body_order,

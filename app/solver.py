@@ -119,12 +119,16 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     count contacts. The lists stay in the order the narrowphase appended them (any order gives the same
     motion: see FIXED_ONE).
 
-    Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread t takes body t
+    Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
     (see JacobiSolver.step).
-    Writes solver.motion[0, i], solver.body[i], contacts.contact_total (each pair counted once)."""
+    Writes solver.motion[0, i], solver.body[i], contacts.contact_total (each pair counted once), and for the
+    padded and dynamic storages moves the fill's dropped appends into lists.overflow_count."""
     g = model.gravity[None]
     n_bodies = model.body_count[None]
     contacts.contact_total[None] = 0
+    if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: the drops of the fill this step solves
+        lists.overflow_count[None] += lists.dropped_now[None]
+        lists.dropped_now[None] = 0
     for i in range(n_bodies):
         # (one loop: a thread reads only its own body here; the iterations read the other bodies' records)
         li = base + i

@@ -95,6 +95,22 @@ def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
     assert sim.contacts.overflowed() > 0
     assert sim.overflow_events and sim.overflow_events[0]["lost"] > 0
     assert "dropped" in capsys.readouterr().err
+    # A step whose broadphase and narrowphase run twice (Simulation.step does when a VLA must grow on the host)
+    # counts its drops once: the second fill replaces the first's count, and the solver step books it.
+    from app.narrowphase import find_contacts
+
+    before = sim.contacts.overflowed()
+    sim.contacts.flip()
+    sim.grid.build(sim.model, sim.state)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    once = sim.contacts.overflowed() - before
+    assert once > 0
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    assert sim.contacts.overflowed() - before == once
+    sim.solver.step(sim.state, sim.state, sim.contacts, sim.dt, sim.step_count, sim.health)
+    assert sim.contacts.overflowed() - before == once
+    sim.step()
+    assert sim.contacts.overflowed() > before + once   # the next step's drops add to it
 
 
 def test_contact_geometry_by_hand(sim):
