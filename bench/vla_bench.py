@@ -4,7 +4,8 @@
 
 Workloads (one thread per list, as the issue specifies):
   fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
-  read          each thread sums its own list (thread-per-array read-all)
+  read          each thread sums its own list (thread-per-array read-all): a get() loop, reduce(), and
+                reduce_warp() (on CUDA the warp reads its long lists together; the padded array gets the same)
   flat read     VLA only: load-balanced flat iteration over every live element (v.flat_index/flat_value)
   reuse         one block per list, every thread reads the whole list (tier-3 shared staging vs global)
 Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), uniform 0-16,
@@ -15,7 +16,7 @@ import argparse
 import numpy as np
 import taichi as ti
 
-from vla import shared
+from vla import shared, warp
 from bench.common import device_name, init_taichi, kernel_ms, markdown_table, time_ms, write_results
 
 
@@ -27,10 +28,13 @@ class PaddedArrays:
     """Fixed maximum per list + atomic counter (what PhysX/Newton/Genesis do). Appends past the max
     are counted in ``overflow`` (never silently)."""
 
-    def __init__(self, num_arrays, max_len, dtype=ti.i32):
+    def __init__(self, num_arrays, max_len, dtype=ti.i32, warp_head=0):
         if max_len % 8:
             raise ValueError(f"PaddedArrays max_len must be a multiple of 8 (reduce() reads 8 at a time), got {max_len}")
         self.num_arrays, self.max_len = num_arrays, max_len
+        # reduce_warp(): row elements loaded together with the count, whatever the count (as VLA.reduce_warp
+        # loads a list's inline part), instead of after it
+        self.warp_head = warp_head
         self.data = ti.field(dtype, shape=(num_arrays, max_len))
         self.count = ti.field(ti.i32, shape=num_arrays)
         self.overflow = ti.field(ti.i32, shape=())
@@ -78,6 +82,22 @@ class PaddedArrays:
                 if done + g * 8 + j < n:
                     acc = f(acc, x)
         return acc
+
+    @ti.func
+    def reduce_warp(self, i, f: ti.template(), init, combine: ti.template()):
+        # The same warp-cooperative read as VLA.reduce_warp (vla.warp), the row being the segment: so that
+        # the VLA's warp read is compared with the padded array's, not with a thread reading a row alone.
+        n = self.length(i)
+        acc = init
+        for k in ti.static(range(self.warp_head)):
+            x = self.data[i, k]
+            if k < n:
+                acc = f(acc, x)
+        return combine(acc, warp.fold_segments(self, i, ti.max(n - self.warp_head, 0), f, init, combine))
+
+    @ti.func
+    def _segment_load(self, i, k):
+        return self.data[i, self.warp_head + k]
 
     def reserved_bytes(self):
         return self.num_arrays * self.max_len * self.element_bytes + 4 * self.num_arrays
@@ -153,6 +173,12 @@ def _add(a, b):
 def k_read_reduce(s: ti.template(), out: ti.template()):
     for i in range(s.num_arrays):
         out[i] = s.reduce(i, _add, 0)
+
+
+@ti.kernel
+def k_read_reduce_warp(s: ti.template(), out: ti.template()):
+    for i in range(s.num_arrays):
+        out[i] = s.reduce_warp(i, _add, 0, _add)
 
 
 FLAT_THREADS = 1 << 18
@@ -269,6 +295,7 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
     tuned = VLA.tune(lens_np)
     stores = [
         ("padded", lambda: PaddedArrays(n, max_len)),
+        ("padded (head 8)", lambda: PaddedArrays(n, max_len, warp_head=8)),   # differs in reduce_warp() only
         ("dynamic", lambda: DynamicArrays(n, max_len, chunk_size=16)),
         ("vla (4,16)", lambda: VLA(n, ti.i32, inline_capacity=4, chunk_size=16, name="bench")),
         ("vla (8,16)", lambda: VLA(n, ti.i32, inline_capacity=8, chunk_size=16, name="bench")),
@@ -313,6 +340,11 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             if kernel_times:
                 row["reduce_kms"] = kernel_ms(lambda s=s: k_read_reduce(s, out), repeats=repeats)
             check(name + " reduce")
+        if hasattr(s, "reduce_warp"):
+            row["reduce_warp_ms"] = time_ms(lambda s=s: k_read_reduce_warp(s, out), repeats=repeats)
+            if kernel_times:
+                row["reduce_warp_kms"] = kernel_ms(lambda s=s: k_read_reduce_warp(s, out), repeats=repeats)
+            check(name + " reduce_warp")
         if isinstance(s, VLA):
             st = s.stats()
             reserved = st["reserved_bytes"]
@@ -350,6 +382,17 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             r["reduce_x_padded"] = base["padded"]["reduce_ms"] / r["reduce_ms"]
             if "reduce_kms" in r:
                 r["reduce_kx_padded"] = base["padded"]["reduce_kms"] / r["reduce_kms"]
+        if "reduce_warp_ms" in r:
+            # against the padded array's own warp read, and against its best read of any form
+            pads = [q for q in rows if q["store"].startswith("padded")]
+            p = base["padded"]
+            r["reduce_warp_x_padded"] = p["reduce_warp_ms"] / r["reduce_warp_ms"]
+            r["reduce_warp_x_padded_best"] = (min(min(q["read_ms"], q["reduce_ms"], q["reduce_warp_ms"]) for q in pads)
+                                              / r["reduce_warp_ms"])
+            if "reduce_warp_kms" in r:
+                r["reduce_warp_kx_padded"] = p["reduce_warp_kms"] / r["reduce_warp_kms"]
+                r["reduce_warp_kx_padded_best"] = (min(min(q["read_kms"], q["reduce_kms"], q["reduce_warp_kms"])
+                                                       for q in pads) / r["reduce_warp_kms"])
         r["mem_vs_padded"] = r["reserved_MB"] / base["padded"]["reserved_MB"]
     return rows, tuned
 
@@ -372,7 +415,12 @@ COLUMNS = [
     ("read_ms", "read-all (get loop) ms", "{:.3f}"), ("read_kms", "read-all device ms", "{:.3f}"),
     ("read_kx_padded", "read x padded (device)", "{:.2f}"), ("reduce_kx_padded", "reduce x padded (device)", "{:.2f}"),
     ("flat_read_kGBps", "flat GB/s (device)", "{:.0f}"), ("flat_read_kpct_copy_bw", "flat % copy BW (device)", "{:.0f}"),
+    ("reduce_kms", "reduce device ms", "{:.4f}"), ("reduce_warp_kms", "reduce_warp device ms", "{:.4f}"),
+    ("reduce_warp_kx_padded", "reduce_warp x padded's reduce_warp (device)", "{:.2f}"),
+    ("reduce_warp_kx_padded_best", "reduce_warp x padded's best read (device)", "{:.2f}"),
     ("reduce_ms", "read-all (reduce) ms", "{:.3f}"), ("reduce_x_padded", "reduce x padded", "{:.2f}"),
+    ("reduce_warp_ms", "reduce_warp ms", "{:.3f}"), ("reduce_warp_x_padded", "reduce_warp x padded's", "{:.2f}"),
+    ("reduce_warp_x_padded_best", "reduce_warp x padded's best", "{:.2f}"),
     ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
     ("flat_read_pct_copy_bw", "flat % copy BW", "{:.0f}"),
     ("fill_x_padded", "fill x padded", "{:.2f}"), ("read_x_padded", "read x padded", "{:.2f}"),

@@ -99,6 +99,36 @@ def k_reduce(v: ti.template(), out: ti.types.ndarray(dtype=ti.i64, ndim=1)):
 
 
 @ti.func
+def _sum_sq(acc, x):
+    return acc + x * x
+
+
+@ti.func
+def _add(a, b):
+    return a + b
+
+
+@ti.func
+def _max_f(acc, x):
+    return ti.max(acc, ti.cast(x, ti.f32) * 0.5)
+
+
+@ti.func
+def _max2(a, b):
+    return ti.max(a, b)
+
+
+@ti.kernel
+def k_reduce_warp(v: ti.template(), sums: ti.types.ndarray(dtype=ti.i32, ndim=1),
+                  maxes: ti.types.ndarray(dtype=ti.f32, ndim=1), branch: ti.types.ndarray(dtype=ti.i32, ndim=1)):
+    for i in range(v.num_arrays):
+        sums[i] = v.reduce_warp(i, _sum_sq, 0, _add)
+        maxes[i] = v.reduce_warp(i, _max_f, -1e30, _max2)
+        if i % 3 != 0:   # a call that some threads of a warp skip: each thread then reads its list alone
+            branch[i] = v.reduce_warp(i, _sum_sq, 0, _add)
+
+
+@ti.func
 def _record(ctx, i, k, x):
     ctx[i, k] = x
 
@@ -234,6 +264,37 @@ def test_csr_roundtrip_lists_and_read_paths():
     k_inline_first(v, first)
     expect_first = np.array([values[offsets[i]] if lens[i] else 0 for i in range(50)])
     np.testing.assert_array_equal(first.to_numpy(), expect_first)
+
+
+@pytest.mark.parametrize("ic,cs", [(0, 1), (4, 4)])
+def test_reduce_warp_matches_numpy(ic, cs):
+    """reduce_warp's combination of partial folds gives the numpy result: a sum of squares (f and combine
+    differ), a max over f32, and a call under a branch, on a heavy-tailed distribution (many lists of a few
+    elements, a few of hundreds: on CUDA those are read by their warp together) with a partial last warp
+    (1,000 lists). On the CPU this checks the serial fold; SMOLVLA_TEST_ARCH=cuda checks the warp path."""
+    rng = np.random.default_rng(7 + ic)
+    n = 1000
+    lens = rng.integers(0, 9, size=n)
+    long = rng.random(n) < 0.05
+    lens[long] = rng.integers(9, 700, size=int(long.sum()))
+    lens[31], lens[32], lens[999] = 1000, 40, 333   # a warp's last lane, the next warp's first, the last list
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    values = rng.integers(-50, 51, size=offsets[-1]).astype(np.int32)
+    v = VLA(n, ti.i32, inline_capacity=ic, chunk_size=cs, name=f"warp{ic}{cs}")
+    v.from_csr(offsets, values)
+    sums = ti.ndarray(ti.i32, shape=n)
+    maxes = ti.ndarray(ti.f32, shape=n)
+    branch = ti.ndarray(ti.i32, shape=n)
+    branch.fill(-7)
+    k_reduce_warp(v, sums, maxes, branch)
+    segs = [values[offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(n)]
+    expect_sum = np.array([int((s * s).sum()) for s in segs])
+    expect_max = np.array([(s.max() * 0.5 if len(s) else -1e30) for s in segs], dtype=np.float32)
+    np.testing.assert_array_equal(sums.to_numpy(), expect_sum)
+    np.testing.assert_array_equal(maxes.to_numpy(), expect_max)
+    skipped = np.arange(n) % 3 == 0
+    np.testing.assert_array_equal(branch.to_numpy()[~skipped], expect_sum[~skipped])
+    assert (branch.to_numpy()[skipped] == -7).all()
 
 
 @pytest.mark.parametrize("ic,cs,unroll", [(0, 1, 32), (3, 4, 8), (2, 32, 24)])
