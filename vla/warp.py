@@ -15,8 +15,9 @@ bit-identical to the in-order fold) and ``init`` must be its identity (0 for a s
 Used only where every lane of the warp calls it together: ``fold_segments`` checks that with the warp's
 active mask and falls back to the lane's own serial fold when the warp is not whole (the last, partial warp
 of a loop, or a call under a branch some lanes did not take), so the result is the same either way. Off
-CUDA it is always the serial fold. Elements are read through ``src._segment_load(base, k)``, a ``@ti.func``
-of the caller's container.
+CUDA it is always the serial fold. A lane is found as its thread's linear index mod 32, so the loop's block
+dimension must be a multiple of 32 (Taichi's default, 128, is). Elements are read through
+``src._segment_load(base, k)``, a ``@ti.func`` of the caller's container.
 """
 import warnings
 
@@ -65,6 +66,8 @@ def _lane_of_bit(b):
 @ti.func
 def _shfl(mask, x, lane):
     """x of lane `lane` (every lane of `mask` calls this together); x an i32 or f32."""
+    ti.static_assert(_type_of(x) == ti.i32 or _type_of(x) == ti.f32,
+                     "vla.warp: the accumulator of a warp fold must be an i32 or f32 scalar")
     r = x
     if ti.static(_type_of(x) == ti.f32):
         r = ti.simt.warp.shfl_sync_f32(mask, x, lane)
