@@ -38,6 +38,18 @@ def _taichi_prog():
     return impl.get_runtime().prog
 
 
+# Taichi options of every simulation run (headless, viewer, batch, the benchmarks). fast_math=False: IEEE float
+# rounding, so that a contact record's terms round the same wherever the compiler puts it. With Taichi's default
+# fast math, LLVM contracts a*b + c into FMAs differently in different code paths (on the CPU a list's records
+# fall into a vectorized loop body or its scalar remainder depending on their order), and the order in which
+# threads appended a body's contacts then changes its velocity in the last bits: runs of one scene diverged
+# (CPU: two runs of scenes/default.yaml with different states after 249 steps; H200: 0.42 m apart after 600
+# steps in one process). The fixed-point sums (app.solver.FIXED_ONE) make the motion order-independent only
+# when each term is computed the same way. Measured on the H200 (docs/benchmarks.md, session 16): pile_1m is
+# also faster without fast math (10.29 against 10.89 ms a step; the Jacobi iteration 0.582 against 0.644 ms).
+TAICHI_OPTIONS = {"fast_math": False}
+
+
 def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
     """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
     'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,
@@ -50,13 +62,13 @@ def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 
         raise UserError(f"--arch: expected auto | cpu | cuda, got {arch!r}")
     if _taichi_prog() is None:
         if arch == "cpu":
-            ti.init(arch=ti.cpu, log_level=ti.WARN)
+            ti.init(arch=ti.cpu, log_level=ti.WARN, **TAICHI_OPTIONS)
         else:
             from app.contacts import taichi_pool_gb
 
             pool = taichi_pool_gb(scene, capacity) if scene is not None else None
             extra = {} if pool is None else {"device_memory_GB": pool}
-            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra)  # falls back to CPU when there is no CUDA device
+            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **TAICHI_OPTIONS)  # falls back to CPU when there is no CUDA device
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
     if arch == "cuda" and used != "cuda":
         raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")

@@ -15,6 +15,7 @@ ti = pytest.importorskip("taichi")
 
 from app.contacts import SECOND_COPY  # noqa: E402
 from app.errors import UserError  # noqa: E402
+from app.headless import TAICHI_OPTIONS  # noqa: E402
 from app.math3d import quat_to_mat  # noqa: E402
 from app.narrowphase import collide_box_box  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENES = ROOT / "scenes"
 
 # Storages agree: the solver's sums over a list are order-independent (fixed point), so the motion does not
-# depend on the order in which threads appended. This module runs Taichi with
-# fast_math=False, so that each storage's differently compiled kernels round identically; the three
+# depend on the order in which threads appended. This module runs Taichi as the app does, with
+# fast_math=False (app.headless.TAICHI_OPTIONS), so that each storage's differently compiled kernels round identically; the three
 # storages must then give bit-identical motion (tolerance 0). With fast-math (the default elsewhere) LLVM
 # may contract floats differently per kernel and a pile amplifies the 1-ulp differences: measured 3.6e-5 m
 # in position and 4.7e-4 in quaternion components after 300 steps, with identical contact counts.
@@ -50,7 +51,7 @@ def _small_pile(kind):
 @pytest.fixture(scope="module")
 def sim():
     """The module's VLA Simulation; tests load their scenes into it, and run_headless reuses it."""
-    ti.init(arch=ti.cpu, log_level=ti.WARN, fast_math=False)  # see STORAGE_AGREE_TOL_M
+    ti.init(arch=ti.cpu, log_level=ti.WARN, **TAICHI_OPTIONS)  # as the app runs; see STORAGE_AGREE_TOL_M
     from app import headless
     from app.sim import Simulation
 
