@@ -11,6 +11,7 @@ BENCHES = {
     "batch": "bench.batch_bench",
     "profile": "bench.profile_bench",
     "lanes": "bench.lanes_bench",
+    "repro": "bench.repro_bench",
 }
 
 
