@@ -55,8 +55,8 @@ def sym_mul(d, o, x):
 # append contacts in whatever order they race, and a float sum's rounding depends on its order; an integer
 # sum does not. So the motion is bit-identical whichever order the appends took, on any backend and with any
 # storage, without sorting the lists, provided each term is rounded the same wherever its record sits: Taichi's
-# fast math lets the compiler contract a term's float operations differently in different code paths (on the
-# CPU, a vectorized loop body and its scalar remainder), so the app runs with fast_math=False
+# fast math lets the compiler round a term's float operations differently in different code paths (on the
+# CPU most likely a vectorized loop body and its scalar remainder), so the app runs with fast_math=False
 # (app.headless.TAICHI_OPTIONS) (an insertion sort per list, in a loop of its own, took 3.46 ms of a
 # landed pile_1m step on the H200; prepare without it 2.3 ms).
 # Each body sums its impulses scaled by FIXED_ONE * inverse mass, i.e. its velocity changes in units of
