@@ -43,8 +43,7 @@ def _taichi_prog():
 # fast math the compiler may round a contact record's terms differently in different code paths (on the CPU,
 # most likely a vectorized loop body and its scalar remainder, which a record falls into by its place in the
 # list: the generated code was not inspected), and the order in which threads appended a body's contacts then
-# changes its velocity in the last bits: runs of one scene diverged
-# (CPU: two runs of scenes/default.yaml with different states after 249 steps; H200: 0.42 m apart after 600
+# changes its velocity in the last bits: runs of one scene diverged (CPU: two runs of scenes/default.yaml with different states after 249 steps; H200: 0.42 m apart after 600
 # steps in one process). The fixed-point sums (app.solver.FIXED_ONE) make the motion order-independent only
 # when each term is computed the same way. Measured on the H200 (docs/benchmarks.md, session 16): pile_1m is
 # also faster without fast math (10.29 against 10.89 ms a step; the Jacobi iteration 0.582 against 0.644 ms).
@@ -69,7 +68,8 @@ def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 
 
             pool = taichi_pool_gb(scene, capacity) if scene is not None else None
             extra = {} if pool is None else {"device_memory_GB": pool}
-            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **TAICHI_OPTIONS)  # falls back to CPU when there is no CUDA device
+            # (falls back to the CPU when there is no CUDA device)
+            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **TAICHI_OPTIONS)
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
     if arch == "cuda" and used != "cuda":
         raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")

@@ -54,11 +54,11 @@ def sym_mul(d, o, x):
 # Sums over a contact list in fixed point, so that they do not depend on the order of the list. Threads
 # append contacts in whatever order they race, and a float sum's rounding depends on its order; an integer
 # sum does not. So the motion is bit-identical whichever order the appends took, on any backend and with any
-# storage, without sorting the lists, provided each term is rounded the same wherever its record sits: Taichi's
-# fast math lets the compiler round a term's float operations differently in different code paths (on the
-# CPU most likely a vectorized loop body and its scalar remainder), so the app runs with fast_math=False
-# (app.headless.TAICHI_OPTIONS) (an insertion sort per list, in a loop of its own, took 3.46 ms of a
-# landed pile_1m step on the H200; prepare without it 2.3 ms).
+# storage, without sorting the lists (an insertion sort per list, in a loop of its own, took 3.46 ms of a
+# landed pile_1m step on the H200; prepare without it 2.3 ms). This needs each term rounded the same wherever
+# its record sits in the list: Taichi's fast math lets the compiler round a term's float operations
+# differently in different code paths (on the CPU most likely a vectorized loop body and its scalar
+# remainder), so the app runs with fast_math=False (app.headless.TAICHI_OPTIONS).
 # Each body sums its impulses scaled by FIXED_ONE * inverse mass, i.e. its velocity changes in units of
 # 2^-32 m/s, and its torques r x P scaled by FIXED_ONE * the largest diagonal element of its world inverse
 # inertia, i.e. angular velocity changes in units of about 2^-32 rad/s whatever the body's size (with the mass

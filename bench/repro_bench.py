@@ -42,16 +42,16 @@ def main(argv=None) -> int:
         sim.check()
         return sim.positions().copy(), sim.velocities().copy(), int(sim.contact_counts().sum())
 
+    def row(name, result):
+        pos, vel, contacts = result
+        return {"run": name, "max_dpos_m": float(np.abs(pos - ref[0]).max()),
+                "max_dvel_mps": float(np.abs(vel - ref[1]).max()), "contacts": contacts}
+
     first = Simulation(scene, verbose=False)
     ref = run(first)
-    second = Simulation(scene, verbose=False)
-    rows = [{"run": "first", "max_dpos_m": 0.0, "max_dvel_mps": 0.0, "contacts": ref[2]}]
-    for name, sim in (("second Simulation", second), ("first, after reset()", first)):
-        if name.startswith("first"):
-            sim.reset()
-        pos, vel, contacts = run(sim)
-        rows.append({"run": name, "max_dpos_m": float(np.abs(pos - ref[0]).max()),
-                     "max_dvel_mps": float(np.abs(vel - ref[1]).max()), "contacts": contacts})
+    rows = [row("first", ref), row("second Simulation", run(Simulation(scene, verbose=False)))]
+    first.reset()
+    rows.append(row("first, after reset()", run(first)))
     identical = all(r["max_dpos_m"] == 0.0 and r["max_dvel_mps"] == 0.0 for r in rows)
     md = (f"Reproducibility of {args.scene} ({scene.body_count} bodies, {args.steps} steps, arch {arch}): "
           f"{'bit-identical' if identical else 'DIFFERENT'}\n\n| run | max position diff (m) | max velocity diff (m/s) "

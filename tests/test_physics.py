@@ -11,8 +11,8 @@ import pytest
 
 ti = pytest.importorskip("taichi")
 
-from app.scene import scene_from_dict  # noqa: E402
 from app.headless import TAICHI_OPTIONS  # noqa: E402
+from app.scene import scene_from_dict  # noqa: E402
 
 CAPACITY = 64
 G = 9.81

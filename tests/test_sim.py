@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENES = ROOT / "scenes"
 
 # Storages agree: the solver's sums over a list are order-independent (fixed point), so the motion does not
-# depend on the order in which threads appended. This module runs Taichi as the app does, with
-# fast_math=False (app.headless.TAICHI_OPTIONS), so that each storage's differently compiled kernels round identically; the three
-# storages must then give bit-identical motion (tolerance 0). With fast-math (the default elsewhere) LLVM
+# depend on the order in which threads appended. This module runs Taichi as the app does, with fast_math=False
+# (app.headless.TAICHI_OPTIONS), so that each storage's differently compiled kernels round identically; the
+# three storages must then give bit-identical motion (tolerance 0). With fast-math (the default elsewhere) LLVM
 # may contract floats differently per kernel and a pile amplifies the 1-ulp differences: measured 3.6e-5 m
 # in position and 4.7e-4 in quaternion components after 300 steps, with identical contact counts.
 STORAGE_AGREE_TOL_M = 0.0

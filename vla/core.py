@@ -434,9 +434,9 @@ class VLA:
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
     :meth:`get_member`, :meth:`set_member`, :meth:`set_members` (struct elements), :meth:`clear`,
-    :meth:`reduce`, :meth:`reduce_warp`, :meth:`for_each`, :meth:`capacity`, :meth:`flat_size`, :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`,
-    :meth:`flat_pool_begin`, :meth:`flat_pool_size`, :meth:`pending_size`, :meth:`pending_index`,
-    :meth:`pending_value`, :meth:`get_inline`.
+    :meth:`reduce`, :meth:`reduce_warp`, :meth:`for_each`, :meth:`capacity`, :meth:`flat_size`,
+    :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`, :meth:`flat_pool_begin`,
+    :meth:`flat_pool_size`, :meth:`pending_size`, :meth:`pending_index`, :meth:`pending_value`, :meth:`get_inline`.
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
