@@ -62,6 +62,36 @@ def func_clamp(v: ti.i32, lo: ti.i32, hi: ti.i32) -> ti.i32:
     return ti.min(ti.max(v, lo), hi)
 
 
+@ti.func
+def stage_tile(img: ti.template(), weights: ti.template(), weight_offset: ti.template(), sh_w: ti.template(),
+               sh_img: ti.template(), wb, ib, lane, step, ty0, tx0, height, width, HALO_X: ti.template(),
+               HALO_Y: ti.template(), C: ti.template(), R_MAX: ti.template(), EMU: ti.template()):
+    """Fill a shared-memory filter kernel's block buffers (block_buffers): every weight list of the VLA
+    `weights` at sh_w[wb + weight_offset[r] + j] (read-mostly, reused by every pixel of the tile), and the
+    HALO_X x HALO_Y pixels of the tile at (ty0, tx0) with its R_MAX halo, clamped to the image (the clamp
+    happens here, once per value), at sh_img[ib + (row * HALO_X + column) * C + channel]. The block's threads
+    share the work: thread `lane` takes items lane, lane + step, ...; then a block barrier (not under EMU,
+    where each thread stages its own copy). height, width: the image's size in pixels."""
+    for r in range(R_MAX + 1):
+        base = weight_offset[r]
+        n = weight_offset[r + 1] - base
+        j = lane
+        while j < n:
+            sh_w[wb + base + j] = weights.get(r, j)
+            j += step
+    j = lane
+    while j < HALO_X * HALO_Y:
+        hy = j // HALO_X
+        hx = j - hy * HALO_X
+        yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
+        xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
+        for c in ti.static(range(C)):
+            sh_img[ib + j * C + c] = img[yy, xx, c]
+        j += step
+    if ti.static(not EMU):
+        ti.simt.block.sync()
+
+
 @ti.kernel
 def kernel_filter_vla(
     img: ti.types.ndarray(dtype=ti.f32, ndim=3),
@@ -128,26 +158,8 @@ def kernel_filter_vla_shared(
         ib = i * ti.static(HALO_X * HALO_Y * C * int(EMU))
         lane = tid * ti.static(1 - int(EMU))
         step = ti.static(B - (B - 1) * int(EMU))
-        # stage every weight list (read-mostly, reused by every pixel of the tile)
-        for r in range(R_MAX + 1):
-            base = weight_offset[r]
-            n = weight_offset[r + 1] - base
-            j = lane
-            while j < n:
-                sh_w[wb + base + j] = weights.get(r, j)
-                j += step
-        # stage the tile and its halo, clamped to the image: the clamp happens here, once per value
-        j = lane
-        while j < HALO_X * HALO_Y:
-            hy = j // HALO_X
-            hx = j - hy * HALO_X
-            yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
-            xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
-            for c in ti.static(range(C)):
-                sh_img[ib + j * C + c] = img[yy, xx, c]
-            j += step
-        if ti.static(not EMU):
-            ti.simt.block.sync()
+        stage_tile(img, weights, weight_offset, sh_w, sh_img, wb, ib, lane, step, ty0, tx0, height, width, HALO_X,
+                   HALO_Y, C, R_MAX, EMU)
         ly = tid // TILE_X
         lx = tid - ly * TILE_X
         y = ty0 + ly
@@ -224,24 +236,8 @@ def kernel_filter_vla_shared_runs(
         ib = i * ti.static(HALO * HALO * C * int(EMU))
         lane = tid * ti.static(1 - int(EMU))
         step = ti.static(B - (B - 1) * int(EMU))
-        for r in range(R_MAX + 1):
-            base = weight_offset[r]
-            n = weight_offset[r + 1] - base
-            j = lane
-            while j < n:
-                sh_w[wb + base + j] = weights.get(r, j)
-                j += step
-        j = lane
-        while j < HALO * HALO:
-            hy = j // HALO
-            hx = j - hy * HALO
-            yy = func_clamp(ty0 - R_MAX + hy, 0, height - 1)
-            xx = func_clamp(tx0 - R_MAX + hx, 0, width - 1)
-            for c in ti.static(range(C)):
-                sh_img[ib + j * C + c] = img[yy, xx, c]
-            j += step
-        if ti.static(not EMU):
-            ti.simt.block.sync()
+        stage_tile(img, weights, weight_offset, sh_w, sh_img, wb, ib, lane, step, ty0, tx0, height, width, HALO, HALO,
+                   C, R_MAX, EMU)
         lx = tid % RUN_TILE
         ly0 = (tid // RUN_TILE) * RUN  # first tile row of this thread's run
         x = tx0 + lx
