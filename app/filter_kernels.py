@@ -5,13 +5,13 @@ the same order (dy outer, dx inner, row-major weight lists), coordinates clamped
 only in where the weights live and how the loop over radii is organised:
 
 * ``kernel_filter_vla``: one kernel for every radius; the weight list of radius r is array r of a VLA.
-* ``kernel_filter_vla_shared_runs`` (CUDA only): the same staging, 32x32 tiles, and each thread filters a
-  vertical run of RUN = 4 pixels, reusing every staged value it loads for all pixels of the run.
 * ``kernel_stage_weights`` + ``kernel_filter_flat`` (vla-flat, every arch): the same, after a staging
   pass that copies all weight lists out of the VLA into one flat buffer (~1k elements, cache-resident).
 * ``kernel_filter_vla_shared`` (CUDA only, the VLA's tier 3): the same, one 32x8 tile per block; every
-  block first stages all weight lists and its image tile plus halo into block shared memory, then
-  filters from there.
+  block first stages all weight lists and its image tile plus halo into block shared memory
+  (``stage_tile``), then filters from there.
+* ``kernel_filter_vla_shared_runs`` (CUDA only): the same staging, 32x32 tiles, and each thread filters a
+  vertical run of RUN = 4 pixels, reusing every staged value it loads for all pixels of the run.
 * ``kernel_filter_fixed_radius``: baseline (a), compiled once per radius R (R is a compile-time constant,
   so its loops have constant trip counts) and launched once per radius present, each launch over the whole
   image, filtering the pixels whose mask (radius_map == R) is set.
