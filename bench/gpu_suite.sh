@@ -20,3 +20,7 @@ timeout 70 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml 
 echo "== bench batch"
 timeout 90 python run.py bench batch --arch cuda --scene scenes/default.yaml --runs 2 --frames 30 --workers 1,2 \
     --json "$out/batch.json" 2>&1 | tail -8
+echo "== bench repro: three runs of default.yaml in one process, bit for bit (exit 1 when they differ)"
+timeout 200 python run.py bench repro --arch cuda --steps 300 --out "$out/repro" 2>&1 | tail -8
+echo "== bench filter"
+timeout 120 python run.py bench filter --arch cuda --no-scipy --out "$out/filter" 2>&1 | tail -12
