@@ -40,13 +40,14 @@ def _taichi_prog():
 
 # Taichi options of every simulation run (headless, viewer, batch, the benchmarks). fast_math=False: IEEE float
 # rounding, so that a contact record's terms round the same wherever the compiler puts it. With Taichi's default
-# fast math the compiler may round a contact record's terms differently in different code paths (on the CPU,
-# most likely a vectorized loop body and its scalar remainder, which a record falls into by its place in the
-# list: the generated code was not inspected), and the order in which threads appended a body's contacts then
-# changes its velocity in the last bits: runs of one scene diverged (CPU: two runs of scenes/default.yaml with different states after 249 steps; H200: 0.42 m apart after 600
-# steps in one process). The fixed-point sums (app.solver.FIXED_ONE) make the motion order-independent only
-# when each term is computed the same way. Measured on the H200 (docs/benchmarks.md, session 16): pile_1m is
-# also faster without fast math (10.29 against 10.89 ms a step; the Jacobi iteration 0.582 against 0.644 ms).
+# fast math the compiler may round a contact record's terms differently in different code paths (on the CPU, most
+# likely a vectorized loop body and its scalar remainder, which a record falls into by its place in the list: the
+# generated code was not inspected), and the order in which threads appended a body's contacts then changes its
+# velocity in the last bits: runs of one scene diverged (CPU: two runs of scenes/default.yaml in different states
+# after 249 steps; H200: 0.42 m apart after 600 steps in one process). The fixed-point sums (app.solver.FIXED_ONE)
+# make the motion order-independent only when each term is computed the same way. Measured on the H200
+# (docs/benchmarks.md, session 16): pile_1m is also faster without fast math (10.29 against 10.89 ms a step; the
+# Jacobi iteration 0.582 against 0.644 ms), and runs are bit-identical on the GPU too (session 17).
 TAICHI_OPTIONS = {"fast_math": False}
 
 

@@ -23,10 +23,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import taichi as ti
 
-    from app.headless import TAICHI_OPTIONS, get_simulation
+    from app.headless import get_simulation
     from app.scene import load_scene
+    from bench.common import init_taichi
 
-    ti.init(arch=ti.cuda, **TAICHI_OPTIONS)   # as the app runs (without fast math)
+    init_taichi("cuda")   # as every bench: the app's Taichi options (no fast math)
     sim = get_simulation(load_scene(os.path.join(ROOT, "scenes", f"{args.scene}.yaml"),
                                     (f"sim.contacts={args.storage}",)), verbose=False)
     for _ in range(args.warmup):
