@@ -49,6 +49,17 @@ def _taichi_prog():
 # (docs/benchmarks.md, session 16): pile_1m is also faster without fast math (10.29 against 10.89 ms a step; the
 # Jacobi iteration 0.582 against 0.644 ms), and runs are bit-identical on the GPU too (session 17).
 TAICHI_OPTIONS = {"fast_math": False}
+# and on the CPU, without Taichi's own IR optimisations (advanced_optimization), whose passes took most of a first
+# run's compile: the simulator's kernels took 225 s to compile on a 2-core CPU with them (the narrowphase
+# 186 s, the Jacobi iterations 28 s) and 37 s without (narrowphase 16 s), while LLVM still optimises the code
+# it generates. On CUDA, where the steps are what is measured, the options stay Taichi's defaults.
+CPU_OPTIONS = {"advanced_optimization": False}
+
+
+def taichi_options(arch: str) -> dict:
+    """The ti.init options of a simulation run on `arch` ('cpu' or 'cuda'): TAICHI_OPTIONS, and CPU_OPTIONS
+    on the CPU."""
+    return {**TAICHI_OPTIONS, **(CPU_OPTIONS if arch == "cpu" else {})}
 
 
 def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
@@ -62,15 +73,15 @@ def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 
     if arch not in ("auto", "cpu", "cuda"):
         raise UserError(f"--arch: expected auto | cpu | cuda, got {arch!r}")
     if _taichi_prog() is None:
-        if arch == "cpu":
-            ti.init(arch=ti.cpu, log_level=ti.WARN, **TAICHI_OPTIONS)
-        else:
+        if arch != "cpu":
             from app.contacts import taichi_pool_gb
 
             pool = taichi_pool_gb(scene, capacity) if scene is not None else None
             extra = {} if pool is None else {"device_memory_GB": pool}
-            # (falls back to the CPU when there is no CUDA device)
-            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **TAICHI_OPTIONS)
+            # (falls back to the CPU when there is no CUDA device; then started again with the CPU's options)
+            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **taichi_options("cuda"))
+        if arch == "cpu" or impl.current_cfg().arch != ti.cuda:
+            ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
     if arch == "cuda" and used != "cuda":
         raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")

@@ -34,7 +34,9 @@ TIMING_COLUMNS = ("steps_per_second", "wall_time_s")
 PHYSICS_RTOL = 1e-6
 
 
-def batch(*args, timeout=240, **kw):
+# A run's first compile of the simulator on the CPU takes ~40 s on a 2-core machine with a cold Taichi cache
+# (minutes before session 18's CPU options), and a batch starts two of them at once: the timeouts only catch hangs.
+def batch(*args, timeout=600, **kw):
     return subprocess.run([sys.executable, "run.py", "batch", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, **kw)
 

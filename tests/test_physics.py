@@ -11,7 +11,7 @@ import pytest
 
 ti = pytest.importorskip("taichi")
 
-from app.headless import TAICHI_OPTIONS  # noqa: E402
+from app.headless import taichi_options  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
 
 CAPACITY = 64
@@ -50,7 +50,7 @@ PYRAMID_MAX_MOVE_M = 0.02
 
 @pytest.fixture(scope="module")
 def sim():
-    ti.init(arch=ti.cpu, log_level=ti.WARN, **TAICHI_OPTIONS)  # as the app runs
+    ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))  # as the app runs
     from app.sim import Simulation
 
     s = Simulation(scene_from_dict(_scene([_sphere(0.5, [0, 5, 0])])), capacity=CAPACITY, verbose=True)

@@ -15,7 +15,7 @@ ti = pytest.importorskip("taichi")
 
 from app.contacts import SECOND_COPY  # noqa: E402
 from app.errors import UserError  # noqa: E402
-from app.headless import TAICHI_OPTIONS  # noqa: E402
+from app.headless import taichi_options  # noqa: E402
 from app.math3d import quat_to_mat  # noqa: E402
 from app.narrowphase import collide_box_box  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
@@ -51,7 +51,7 @@ def _small_pile(kind):
 @pytest.fixture(scope="module")
 def sim():
     """The module's VLA Simulation; tests load their scenes into it, and run_headless reuses it."""
-    ti.init(arch=ti.cpu, log_level=ti.WARN, **TAICHI_OPTIONS)  # as the app runs; see STORAGE_AGREE_TOL_M
+    ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))  # as the app runs; see STORAGE_AGREE_TOL_M
     from app import headless
     from app.sim import Simulation
 

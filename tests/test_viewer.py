@@ -30,7 +30,9 @@ needs_vulkan = pytest.mark.skipif(vulkan_problem() is not None, reason=f"{vulkan
 def ti_cpu():
     import taichi as ti
 
-    ti.init(arch=ti.cpu, log_level=ti.WARN)
+    from app.headless import taichi_options
+
+    ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))  # as the app runs
     yield ti
 
 
