@@ -12,6 +12,7 @@ BENCHES = {
     "profile": "bench.profile_bench",
     "lanes": "bench.lanes_bench",
     "repro": "bench.repro_bench",
+    "compile": "bench.compile_bench",
 }
 
 
