@@ -62,6 +62,18 @@ def taichi_options(arch: str) -> dict:
     return {**TAICHI_OPTIONS, **(CPU_OPTIONS if arch == "cpu" else {})}
 
 
+def pick_arch(arch: str) -> str:
+    """'cpu' or 'cuda' for an --arch of auto | cpu | cuda: auto takes CUDA where Taichi finds it. Deciding
+    before ti.init lets a CPU run start once, with the CPU's options (a CUDA init that falls back would have
+    to start again: 0.3 s)."""
+    from taichi.lang.misc import is_arch_supported
+    import taichi as ti
+
+    if arch == "auto":
+        return "cuda" if is_arch_supported(ti.cuda) else "cpu"
+    return arch
+
+
 def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
     """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
     'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,
@@ -73,14 +85,14 @@ def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 
     if arch not in ("auto", "cpu", "cuda"):
         raise UserError(f"--arch: expected auto | cpu | cuda, got {arch!r}")
     if _taichi_prog() is None:
-        if arch != "cpu":
+        want = pick_arch(arch)
+        if want == "cuda":
             from app.contacts import taichi_pool_gb
 
             pool = taichi_pool_gb(scene, capacity) if scene is not None else None
             extra = {} if pool is None else {"device_memory_GB": pool}
-            # (falls back to the CPU when there is no CUDA device; then started again with the CPU's options)
             ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **taichi_options("cuda"))
-        if arch == "cpu" or impl.current_cfg().arch != ti.cuda:
+        if want == "cpu" or impl.current_cfg().arch != ti.cuda:  # (CUDA found but failing: Taichi fell back)
             ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
     if arch == "cuda" and used != "cuda":

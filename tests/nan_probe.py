@@ -51,8 +51,10 @@ def main(stage: str) -> str:
 
 if __name__ == "__main__":
     # fast_math on (Taichi's default; the app runs without it, app.headless.TAICHI_OPTIONS): the harder case,
-    # where the compiler (LLVM, told that floats are finite) may fold a NaN test away; without Taichi's own IR
-    # optimisations, as the app runs on the CPU (app.headless.CPU_OPTIONS: a cold compile of minutes otherwise)
-    ti.init(arch=ti.cpu, log_level=ti.WARN, advanced_optimization=False)
+    # where the compiler (LLVM, told that floats are finite) may fold a NaN test away; otherwise with the CPU's
+    # options of the app (app.headless.CPU_OPTIONS: a cold compile of minutes without them)
+    from app.headless import CPU_OPTIONS
+
+    ti.init(arch=ti.cpu, log_level=ti.WARN, **CPU_OPTIONS)
     for stage in sys.argv[1:]:
         print(f"{stage}: {main(stage)}", flush=True)
