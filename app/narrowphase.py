@@ -574,8 +574,8 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
 
 @ti.func
 def _readable_pairs(grid: ti.template(), lst):
-    """Candidate pairs of list lst readable before the commit: those in the list's own storage (the rest
-    are pending, in the overflow area)."""
+    """Candidate pairs of list lst in the list's own storage: all of them after the pairs' commit; inside a
+    vla.Batch whose commit could not place them all, those that fit (the batch then fails and is re-run)."""
     return ti.min(grid.pairs.length(lst), grid.pairs.capacity(lst))
 
 
@@ -601,9 +601,8 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     (COMPACT_CLASSES: box-sphere/box-plane, box-box) are first packed densely into `compact`, (t, j) per
     pair, class by class in Z-order (one prefix sum over their lists gives each list its run): walked
     through the flat slots, their threads met empty slots and other classes' pairs (measured on the H200:
-    5 of 32 lanes of a warp active in the box-box loop). Then one loop over the pending appends (pairs
-    that overflowed their lists; the pairs are not committed yet when both kernels run inside one
-    vla.launch), usually none.
+    5 of 32 lanes of a warp active in the box-box loop). The pairs are committed before this kernel runs
+    (find_contacts), so every pair is in its list's own storage.
     Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: the
     restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
     start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of
@@ -642,35 +641,22 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         for e in range(grid.compact_start[(k + 1) * stride] - lo):
             tj = compact[lo + e]
             _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
-    for o in range(grid.pairs.pending_size()):
-        lst, _ = grid.pairs.pending_index(o)
-        j = grid.pairs.pending_value(o)
-        t = grid.pair_position(lst)
-        c = lst // stride
-        i, jj = _ordered_pair(model, grid, t, j)
-        m = manifold_empty()
-        if c == 0:
-            m = _pair_manifold(model, state, i, jj, margin, 0)
-        elif c == 1:
-            m = _pair_manifold(model, state, i, jj, margin, 1)
-        else:
-            m = _pair_manifold(model, state, i, jj, margin, 2)
-        _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
 
 
 def find_contacts(model, state, grid, contacts, dt: float, batch=None):
     """Candidate pairs, then their contacts into contacts.lists[contacts.base + body] (grid.build first).
 
-    Both kernels run inside one vla.launch (one commit per VLA at the end: the narrowphase reads the pairs'
-    pending appends itself), or inside `batch` (a vla.Batch: the caller checks batch.done() and runs
-    find_contacts again without one if it says False). Both empty their lists before filling them, so a
-    re-run after a VLA grew needs no roll back. Padded and dynamic contact storages are not VLAs: only the
-    pairs are committed."""
-    def both():
-        kernel_candidate_pairs(model, state, grid)
-        # sized here, not once per step: a re-run follows a commit that may have grown the pairs' pool
-        compact = grid.ensure_compact_pairs(model.host_body_count)
-        kernel_narrowphase(model, state, grid, contacts.lists, contacts.base, contacts.prev_base, dt, contacts, compact)
-
-    vlas = [grid.pairs] + ([contacts.lists] if contacts.kind == "vla" else [])
-    (batch.launch if batch is not None else launch)(both, vlas=vlas, rollback=False)
+    Two launches, each committing its VLA: the pairs (kernel_candidate_pairs), then the contacts
+    (kernel_narrowphase), so the narrowphase reads every pair from its list's storage. (Until session 19 both
+    ran inside one launch, and the narrowphase also walked the pairs still pending in the overflow area: a
+    second copy of every class's manifold code, a third of its compile time, for a loop that was almost always
+    empty.) Inside `batch` (a vla.Batch) the caller checks batch.done() and runs find_contacts again without
+    one if it says False: a pairs overflow the device could not commit leaves pairs out of the narrowphase, and
+    that re-run redoes both. Both kernels empty their lists before filling them, so a re-run after a VLA grew
+    needs no roll back. Padded and dynamic contact storages are not VLAs: no commit for them."""
+    run = batch.launch if batch is not None else launch
+    run(kernel_candidate_pairs, model, state, grid, vlas=[grid.pairs], rollback=False)
+    # sized after the pairs' commit, which may have grown their pool
+    compact = grid.ensure_compact_pairs(model.host_body_count)
+    run(kernel_narrowphase, model, state, grid, contacts.lists, contacts.base, contacts.prev_base, dt, contacts,
+        compact, vlas=[contacts.lists] if contacts.kind == "vla" else [], rollback=False)

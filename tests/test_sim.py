@@ -747,10 +747,9 @@ def _contact_set(sim):
 
 
 def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
-    # The narrowphase reads the candidate pairs before their commit: those within their lists' room through
-    # the class-0 flat walk and the compacted classes 1-2, the rest from the overflow area (pending). With
-    # the pairs VLA emptied and trimmed, every pair beyond a list's 2 inline slots is pending: the contacts
-    # must be the same set as with room for all.
+    # With the pairs VLA emptied and trimmed, every pair beyond a list's 2 inline slots overflows: the pairs'
+    # commit grows the pool and moves them home before the narrowphase reads them (class 0 through the flat
+    # walk, classes 1-2 compacted), and the contacts must be the same set as with room for all.
     pile = _small_pile("vla")
     sim.load(scene_from_dict({**pile.raw, "bodies": [{**pile.raw["bodies"][0], "count": 130, "max": [0.55, 3.0, 0.55]}]}))
     for _ in range(400):  # landed, three layers deep: lists of every class beyond their 2 inline slots
@@ -763,7 +762,7 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     assert sim.grid.pairs.stats()["pool_chunks_used"] == 0
     tight = _contact_set(sim)
     per_class = sim.grid.pairs.lengths().reshape(3, -1)
-    assert all((per_class[c] > 2).any() for c in range(3))  # every class had pending pairs (beyond 2 inline)
+    assert all((per_class[c] > 2).any() for c in range(3))  # every class overflowed (beyond 2 inline)
     assert len(roomy) > sim.body_count and tight == roomy
 
 
