@@ -206,11 +206,6 @@ class Grid:
         """List of grid.pairs holding the class-c candidate pairs of order position t."""
         return c * self.pair_stride + t
 
-    @ti.func
-    def pair_position(self, lst):
-        """Order position t of grid.pairs list lst (inverse of pair_list)."""
-        return lst % self.pair_stride
-
     def reset(self):
         """Empty the candidate-pair lists (a newly loaded scene may have fewer bodies than the last one: the
         narrowphase's class-0 loop walks every pool chunk, whichever list owns it, and kernel_candidate_pairs
