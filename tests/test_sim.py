@@ -766,6 +766,35 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     assert len(roomy) > sim.body_count and tight == roomy
 
 
+def test_step_redone_after_a_failed_device_commit_moves_bodies_the_same(sim):
+    # Simulation.step commits its VLAs on the device (vla.Batch) and reads once whether that sufficed; when it
+    # did not (a pool too small: the device cannot grow one), the broadphase and narrowphase run again through
+    # vla.launch. A step that went that way must end exactly where a step with room everywhere ends: same
+    # state to the last bit (CPU runs are deterministic: the solver sums in fixed point, see FIXED_ONE).
+    sim.load(_small_pile("vla"))
+    for _ in range(400):  # landed: every class of pair lists beyond its 2 inline slots
+        sim.step()
+    st = sim.state
+    fields = (st.body_pos, st.body_quat, st.body_vel, st.body_omega)
+    before = [f.to_numpy() for f in fields]
+    redone = sim.vla_regrowths
+    sim.step()
+    assert sim.vla_regrowths == redone  # room everywhere: the batch sufficed
+    roomy = [f.to_numpy() for f in fields]
+
+    sim.contacts.flip()  # back to the same generations: the step warm-starts from the same lists
+    for f, a in zip(fields, before):
+        f.from_numpy(a)
+    sim.grid.pairs.clear_all()
+    sim.grid.pairs.trim()  # a pool of one chunk: the pairs' device commit cannot place the pairs past inline
+    assert sim.grid.pairs.stats()["pool_chunks_total"] == 1
+    sim.step()
+    assert sim.vla_regrowths == redone + 1  # the batch failed and the step was redone through vla.launch
+    for a, b in zip(roomy, (f.to_numpy() for f in fields)):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(roomy[0], before[0])  # (the step moved the bodies)
+
+
 def test_solver_motion_does_not_depend_on_list_order(sim):
     # Threads append contacts in whatever order they race; the solver sums each list in fixed point
     # (app.solver.FIXED_ONE) and finds warm-start partners by key, so one step from the same state and the
