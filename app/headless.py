@@ -4,8 +4,10 @@ trajectory.npz.
     run_headless("scenes/bounce.yaml", frames=120, out_dir="out/bounce", record=True)
 
 Output files (bodies in scene order):
-    metrics.json   scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time,
-                   steps_per_second, contacts {max, mean, final} (contact points after each frame's last
+    metrics.json   scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time (s, all
+                   frames), steps_per_second (steps / wall_time), first_frame_wall_time (s: the first frame
+                   also compiles most kernels, or loads them from Taichi's cache: seconds on a CPU),
+                   steps_per_second_after_first_frame (null for one frame), contacts {max, mean, final} (contact points after each frame's last
                    step; a pair contact counts once), max_penetration (m, deepest contact of the run),
                    final_max_penetration (m, deepest in the last frame), kinetic_energy (J, one per frame),
                    contact_storage, vla {contacts: storage stats, grid: cell-list stats}, overflow_events,
@@ -164,6 +166,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     if bar:
         bar.start()
     t0 = time.perf_counter()
+    t_first = None
     try:
         for f in range(frames):
             sim.contacts.max_depth[None] = 0.0
@@ -180,6 +183,9 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
                 traj_q.append(sim.orientations().copy())
             if bar:
                 bar.update(task, advance=1)
+            if f == 0:
+                ti.sync()
+                t_first = time.perf_counter() - t0
     except SimulationError as e:
         error = e
     finally:
@@ -202,6 +208,9 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
         "sim_time": sim.sim_time,
         "wall_time": wall,
         "steps_per_second": sim.step_count / wall if wall > 0 else 0.0,
+        "first_frame_wall_time": t_first,
+        "steps_per_second_after_first_frame": (sim.step_count - sim.substeps) / (wall - t_first)
+        if t_first is not None and len(contacts) > 1 and wall > t_first else None,
         "contacts": {"max": max(contacts) if contacts else 0,
                      "mean": float(np.mean(contacts)) if contacts else 0.0,
                      "final": contacts[-1] if contacts else 0},

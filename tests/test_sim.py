@@ -460,6 +460,13 @@ def test_shipped_scene_headless(sim, name, tmp_path):
         assert key in disk, key
     assert disk["frames"] == frames and len(disk["kinetic_energy"]) == frames
     assert disk["steps"] == frames * m["substeps"] and math.isclose(disk["sim_time"], disk["steps"] * m["dt"])
+    first = disk["first_frame_wall_time"]
+    assert 0 < first <= disk["wall_time"]
+    after = disk["steps_per_second_after_first_frame"]
+    if frames > 1:  # the other frames' steps over the other frames' time
+        assert math.isclose(after, (disk["steps"] - m["substeps"]) / (disk["wall_time"] - first))
+    else:
+        assert after is None
     st = np.load(out / "state.npz")
     tr = np.load(out / "trajectory.npz")
     n = m["bodies"]
