@@ -64,8 +64,10 @@ def main(argv=None) -> int:
             if on_frame is not None:
                 on_frame.close()
         after = m["steps_per_second_after_first_frame"]
-        rate = f"{m['steps_per_second']:.1f} steps/s" if after is None else \
-            f"{after:.1f} steps/s after the first frame, which took {m['first_frame_wall_time']:.2f} s with the kernels' compile"
+        rate = f"{m['steps_per_second']:.1f} steps/s"
+        if after is not None:  # the first frame carries Taichi's compile: seconds on a CPU
+            rate = f"{after:.1f} steps/s after the first frame, which took {m['first_frame_wall_time']:.2f} s " \
+                   f"with the kernels' compile"
         print(f"{m['scene']}: {m['bodies']} bodies, {m['steps']} steps in {m['wall_time']:.2f} s "
               f"({rate}, {m['arch']}); contacts final {m['contacts']['final']}, "
               f"max penetration {m['max_penetration'] * 1000:.2f} mm; wrote {out}/")

@@ -7,9 +7,10 @@ Output files (bodies in scene order):
     metrics.json   scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time (s, all
                    frames), steps_per_second (steps / wall_time), first_frame_wall_time (s: the first frame
                    also compiles most kernels, or loads them from Taichi's cache: seconds on a CPU),
-                   steps_per_second_after_first_frame (null for one frame), contacts {max, mean, final} (contact points after each frame's last
-                   step; a pair contact counts once), max_penetration (m, deepest contact of the run),
-                   final_max_penetration (m, deepest in the last frame), kinetic_energy (J, one per frame),
+                   steps_per_second_after_first_frame (null for one frame), contacts {max, mean, final}
+                   (contact points after each frame's last step; a pair contact counts once), max_penetration
+                   (m, deepest contact of the run), final_max_penetration (m, deepest in the last frame),
+                   kinetic_energy (J, one per frame),
                    contact_storage, vla {contacts: storage stats, grid: cell-list stats}, overflow_events,
                    overflow_total, overrides.
     state.npz      position (N,3) m, orientation (N,4) w,x,y,z, linear_velocity (N,3) m/s,
