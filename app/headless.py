@@ -77,6 +77,28 @@ def pick_arch(arch: str) -> str:
     return arch
 
 
+NO_CUDA = "--arch cuda: no CUDA device is available here (use --arch auto or cpu)"
+
+
+def init_taichi(arch: str, cuda_options=None, cpu_options=None) -> str:
+    """ti.init on pick_arch(arch) with taichi_options() and the caller's own options for that arch (log level,
+    profiler, memory pool); returns 'cuda' or 'cpu'. A CUDA init that Taichi turned into a CPU one (CUDA found
+    but failing) starts again with the CPU's options; `arch` 'cuda' without a working device is a UserError.
+    Simulation runs (ensure_taichi: headless, viewer, batch workers) and the benches (bench.common) start Taichi
+    through it."""
+    import taichi as ti
+    from taichi.lang import impl
+
+    if pick_arch(arch) == "cuda":
+        ti.init(arch=ti.cuda, **(cuda_options or {}), **taichi_options("cuda"))
+        if impl.current_cfg().arch == ti.cuda:
+            return "cuda"
+    if arch == "cuda":
+        raise UserError(NO_CUDA)
+    ti.init(arch=ti.cpu, **(cpu_options or {}), **taichi_options("cpu"))
+    return "cpu"
+
+
 def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
     """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
     'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,
@@ -88,18 +110,14 @@ def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 
     if arch not in ("auto", "cpu", "cuda"):
         raise UserError(f"--arch: expected auto | cpu | cuda, got {arch!r}")
     if _taichi_prog() is None:
-        want = pick_arch(arch)
-        if want == "cuda":
-            from app.contacts import taichi_pool_gb
+        from app.contacts import taichi_pool_gb
 
-            pool = taichi_pool_gb(scene, capacity) if scene is not None else None
-            extra = {} if pool is None else {"device_memory_GB": pool}
-            ti.init(arch=ti.cuda, log_level=ti.ERROR, **extra, **taichi_options("cuda"))
-        if want == "cpu" or impl.current_cfg().arch != ti.cuda:  # (CUDA found but failing: Taichi fell back)
-            ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))
+        pool = taichi_pool_gb(scene, capacity) if scene is not None else None
+        cuda_options = {"log_level": ti.ERROR} if pool is None else {"log_level": ti.ERROR, "device_memory_GB": pool}
+        init_taichi(arch, cuda_options=cuda_options, cpu_options={"log_level": ti.WARN})
     used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
-    if arch == "cuda" and used != "cuda":
-        raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")
+    if arch == "cuda" and used != "cuda":   # (Taichi already running on the CPU)
+        raise UserError(NO_CUDA)
     if verbose:
         why = " (no CUDA device found)" if arch == "auto" and used == "cpu" else ""
         print(f"arch: {used}{why}", file=sys.stderr)

@@ -13,22 +13,11 @@ def init_taichi(arch: str, kernel_profiler: bool = False, device_memory_GB=None)
     """ti.init for 'cpu' | 'cuda' | 'auto'; returns the arch name taken. kernel_profiler: also time every
     kernel on the device (CUDA events), for kernel_ms(). device_memory_GB: Taichi's sparse-data pool on CUDA
     (None: Taichi's default; see app.contacts.taichi_pool_gb)."""
-    from taichi.lang import impl
+    from app.headless import init_taichi as init_app_taichi   # as the simulation runs (no fast math)
 
-    from app.errors import UserError
-    from app.headless import pick_arch, taichi_options   # as the simulation runs (no fast math)
-
-    want = pick_arch(arch)
-    if want == "cuda":
-        extra = {} if device_memory_GB is None else {"device_memory_GB": float(device_memory_GB)}
-        ti.init(arch=ti.cuda, offline_cache=True, kernel_profiler=kernel_profiler, **extra, **taichi_options("cuda"))
-        if impl.current_cfg().arch == ti.cuda:
-            return "cuda"
-        if arch == "cuda":
-            raise UserError("--arch cuda: no CUDA device is available here (use --arch auto or cpu)")
-    # (again after a fall back: the CPU's options differ)
-    ti.init(arch=ti.cpu, offline_cache=True, kernel_profiler=kernel_profiler, **taichi_options("cpu"))
-    return "cpu"
+    common = {"offline_cache": True, "kernel_profiler": kernel_profiler}
+    extra = {} if device_memory_GB is None else {"device_memory_GB": float(device_memory_GB)}
+    return init_app_taichi(arch, cuda_options={**common, **extra}, cpu_options=common)
 
 
 CONTACT_STORAGES = ("vla", "padded", "dynamic")
