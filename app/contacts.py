@@ -29,6 +29,7 @@ import numpy as np
 import taichi as ti
 
 from app.math3d import decode_normal
+from vla import NO_FAILURE
 
 vec3 = ti.types.vector(3, ti.f32)
 vec2 = ti.types.vector(2, ti.f32)
@@ -323,6 +324,11 @@ class ContactSet:
     generation: 0 or 1, the generation being built this step; `base` / `prev_base` are its list offsets.
     contact_total: 0-d i32, contact points found in the last step (a pair contact counts once).
     max_depth: 0-d f32 m, deepest penetration seen since the last reset_frame_stats().
+    failed_step: 0-d i32, the first step whose VLA commits failed on the device and that the host has not yet
+        redone (vla.Batch.failed_at of the Simulation's batch), or vla.NO_FAILURE. The narrowphase and the
+        solver kernels do nothing while it is set (`skipping`), so that the steps launched after a failed one,
+        before the host reads it, leave the state and last step's contacts as the redo needs them
+        (app.sim.Simulation.advance).
     """
 
     def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, pool_per_body: float = 1.0):
@@ -333,6 +339,13 @@ class ContactSet:
         self.generation = 0
         self.contact_total = ti.field(ti.i32, ())
         self.max_depth = ti.field(ti.f32, ())
+        self.failed_step = ti.field(ti.i32, ())
+        self.failed_step[None] = NO_FAILURE
+
+    @ti.func
+    def skipping(self):
+        """True while a failed step waits for its redo (see failed_step): kernels then do nothing."""
+        return self.failed_step[None] != NO_FAILURE
 
     @property
     def base(self) -> int:
@@ -361,6 +374,7 @@ class ContactSet:
         kernel_clear_lists(self.lists, 0, 2 * self.body_capacity)
         self.contact_total[None] = 0
         self.max_depth[None] = 0.0
+        self.failed_step[None] = NO_FAILURE
 
     def lengths(self, body_count: int) -> np.ndarray:
         """Contacts per body in the current generation, (body_count,) int32."""

@@ -14,6 +14,7 @@ import taichi as ti
 from app.atomics import atomic_max_rare, atomic_min_rare
 from app.math3d import quat_mul
 from app.solver_body import unpack_motion
+from vla import NO_FAILURE
 
 # Sentinel for "no bad body seen" in Health.error_body / error_step (atomic_min keeps the first).
 NO_ERROR = 2 ** 31 - 1
@@ -45,10 +46,12 @@ def _finite3(v):
 
 @ti.kernel
 def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: ti.template(), solver: ti.template(),
-                     src: ti.i32, dt: ti.f32, step_index: ti.i32, health: ti.template()):
-    """Reads solver buffers [src] and state_in poses; writes state_out; flags NaN/explosions in health."""
+                     src: ti.i32, dt: ti.f32, step_index: ti.i32, health: ti.template(), failed_step: ti.template()):
+    """Reads solver buffers [src] and state_in poses; writes state_out; flags NaN/explosions in health. Nothing
+    while failed_step[None] != NO_FAILURE (app.contacts.ContactSet.failed_step: the step is to be redone from
+    state_in, so state_in = state_out must stay as it is)."""
     vmax = model.max_speed[None]
-    for i in range(model.body_count[None]):
+    for i in range(ti.select(failed_step[None] == NO_FAILURE, model.body_count[None], 0)):
         mo = unpack_motion(solver.motion[src, i])
         v = mo.v
         w = mo.w

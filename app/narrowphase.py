@@ -607,10 +607,13 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
     start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of
     grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the
-    kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on."""
-    n = model.body_count[None]
+    kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on. Does nothing while
+    contacts.skipping() (an earlier step failed and waits for its redo: its lists must stay as they are)."""
+    run = not contacts.skipping()
+    n = ti.select(run, model.body_count[None], 0)
     if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: this fill's drops, counted afresh
-        lists.dropped_now[None] = 0
+        if run:
+            lists.dropped_now[None] = 0
     for i in range(n):
         lists.clear(base + i)
     margin = model.contact_margin[None]
@@ -619,7 +622,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     inline_begin = grid.pairs.flat_inline_begin(grid.pair_list(0, 0))
     inline_slots = grid.pairs.flat_inline_begin(n)
     pool_begin = grid.pairs.flat_pool_begin()
-    for e in range(inline_slots + grid.pairs.flat_pool_size()):
+    for e in range(ti.select(run, inline_slots + grid.pairs.flat_pool_size(), 0)):
         s = inline_begin + e
         if e >= inline_slots:
             s = pool_begin + e - inline_slots
@@ -638,7 +641,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
                 compact[first + q] = ti.Vector([t, grid.pairs.get(lst, q)])
     for k in ti.static(range(K)):
         lo = grid.compact_start[k * stride]
-        for e in range(grid.compact_start[(k + 1) * stride] - lo):
+        for e in range(ti.select(run, grid.compact_start[(k + 1) * stride] - lo, 0)):
             tj = compact[lo + e]
             _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
 

@@ -102,8 +102,8 @@ class Simulation:
         overflow_events: list of {"step", "lost", "total"} dicts, one per step range in which the padded or
             dynamic storage dropped contacts (also printed on stderr).
         generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
-        vla_regrowths: steps whose broadphase and narrowphase ran a second time because a VLA had to grow on
-            the host (see step); a cost, never a loss.
+        vla_regrowths: steps redone because a VLA had to grow on the host (see advance: the steps launched after
+            the failed one, at most CHECK_STEPS - 1, ran again too); a cost, never a loss.
         scene_of, internal_of: int64 (N,): bodies are stored by shape, then in Z-order of their initial
             positions (storage_order; spatial_sort=False keeps scene order), and again by shape and current
             positions by each resort(): stored body k is scene body scene_of[k], scene body s is stored at
@@ -146,7 +146,10 @@ class Simulation:
         self.solver = JacobiSolver(self.model, scene.sim["solver_iterations"])
         self.grid = Grid(self.capacity)
         self.reorder = Reorder(self.capacity)
-        self._batch = Batch()
+        # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
+        self._batch = Batch(failed_at=self.contacts.failed_step)
+        self._unchecked = 0   # steps launched since the host last read whether their commits sufficed
+        self._check_every = 1
         self.health = Health()
         self.generation_id += 1
 
@@ -176,6 +179,8 @@ class Simulation:
         self._grid_order_current = False   # grid.body_order describes this step's bodies (see resort)
         self.health.reset()
         self.step_count = 0
+        self._unchecked = 0
+        self._check_every = 1
         self.overflow_events = []
         self.vla_regrowths = 0   # steps whose broadphase and narrowphase ran again to grow a VLA (see step)
         self._overflow_seen = self.contacts.overflowed()
@@ -237,30 +242,79 @@ class Simulation:
             self.model.material_restitution[idx] = float(restitution)
 
     # ------------------------------------------------------------------ stepping
-    def step(self):
-        """Advance one dt: 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them
-        per launch, see app.solver), 3 device-side commits (grid cells, candidate pairs, contacts) and one host
-        read. A launch and a host read are the units of host cost here, so kernels that can share one do.
+    # advance() reads back whether its steps' VLA commits sufficed every few steps (and at its end, and before a
+    # resort): after each step while the VLAs grow, then after 2, 4, ... CHECK_STEPS steps while they do not. A
+    # read idles the GPU while the host waits for it and launches the next kernel: one a step cost 0.3 ms of a
+    # 10.4 ms pile_1m step on the H200 (docs/benchmarks.md, session 20). A failed step is redone with every step
+    # launched after it, so checks are frequent where failures are (a pile's contacts grow for a while, and
+    # their pool with them) and rare where the scene is settled.
+    CHECK_STEPS = 16
 
-        The VLAs' commits run in one vla.Batch: lists that grew take chunks from their pool's free space on the
-        device, and the host reads once whether that sufficed. When it did not (a pool or an overflow area
-        too small: a few times while a scene's contacts grow), the broadphase and narrowphase run again
-        through vla.launch, which grows the VLAs on the host; nothing is lost either way."""
+    def step(self):
+        """Advance one dt, checked: advance(1)."""
+        self.advance(1)
+
+    def advance(self, steps: int):
+        """Advance `steps` steps of dt; on return every step is final (as if each had been checked alone).
+
+        A step is 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them per
+        launch, see app.solver) and 3 device-side commits (grid cells, candidate pairs, contacts) in one
+        vla.Batch: lists that grew take chunks from their pool's free space on the device. Nothing is read back
+        per step: the host reads once every CHECK_STEPS steps whether every commit sufficed (_settle). When one
+        did not (a pool or an overflow area too small: a few times while a scene's contacts grow), the
+        narrowphase and solver kernels of that step and of every later one have done nothing (they skip while
+        contacts.failed_step is set), and _settle redoes the steps from the failed one, that one through
+        vla.launch, which grows the VLAs on the host; nothing is lost, and the motion is the same to the bit."""
+        steps = int(steps)
+        for k in range(steps):
+            self._launch_step()
+            resort = self.resort_interval > 0 and self.step_count % self.resort_interval == 0 and \
+                self.body_count >= self.resort_min_bodies
+            if resort or k == steps - 1 or self._unchecked >= self._check_every:
+                self._settle()
+            if resort:
+                self.resort()
+
+    def _launch_step(self):
+        """Launch one step (see advance) without reading anything back; its batch is tagged with its number."""
         self.contacts.flip()
-        self._batch.begin()
+        self._batch.begin(self.step_count)
         self.grid.build(self.model, self.state, self._batch)
         find_contacts(self.model, self.state, self.grid, self.contacts, self.dt, self._batch)
-        if not self._batch.done():
-            self.vla_regrowths += 1
-            self.grid.build(self.model, self.state)
-            find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
+        self._solve()
+        self._unchecked += 1
+
+    def _solve(self):
         self._grid_order_current = True
         self.solver.iterations = self.solver_iterations
         self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
         self.step_count += 1
-        if self.resort_interval > 0 and self.step_count % self.resort_interval == 0 and \
-                self.body_count >= self.resort_min_bodies:
-            self.resort()
+
+    def _settle(self):
+        """Make the launched steps final: one host read of the first failed step f, if any. The state and both
+        contact generations are then as at f's start (f's kernels past its failure and every later step's did
+        nothing), so f runs again with its broadphase and narrowphase through vla.launch, which grows the VLAs,
+        and the steps after it are launched again and checked again."""
+        while self._unchecked:
+            f = self._batch.first_failure()
+            if f is None:
+                self._unchecked = 0
+                self._check_every = min(2 * self._check_every, self.CHECK_STEPS)
+                return
+            self._check_every = 1
+            end = self.step_count
+            self._batch.clear_failure()
+            if (end - f) % 2:   # each launched step flipped the generations: back to those of f's start
+                self.contacts.flip()
+            self.step_count = f
+            self.vla_regrowths += 1
+            self.contacts.flip()
+            self.grid.build(self.model, self.state)
+            find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
+            self._solve()
+            self._unchecked = 0
+            while self.step_count < end:
+                self._launch_step()
 
     def resort(self):
         """Store the bodies again in the order of where they are now (app.reorder): by shape, then in grid order
@@ -306,9 +360,9 @@ class Simulation:
         return self._internal_of
 
     def step_frame(self):
-        """Advance `substeps` steps, then check health and overflow (one host sync per frame)."""
-        for _ in range(self.substeps):
-            self.step()
+        """Advance `substeps` steps, then check health and overflow (two host reads per frame: advance's and
+        check's)."""
+        self.advance(self.substeps)
         self.check()
 
     def check(self):

@@ -34,6 +34,7 @@ from app.integrator import kernel_integrate
 from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_inv_inertia
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
+from vla import NO_FAILURE
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -125,13 +126,16 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
     (see JacobiSolver.step).
     Writes solver.motion[0, i], solver.body[i], contacts.contact_total (each pair counted once), and for the
-    padded and dynamic storages moves the fill's dropped appends into lists.overflow_count."""
+    padded and dynamic storages moves the fill's dropped appends into lists.overflow_count. Nothing while
+    contacts.skipping() (see app.contacts.ContactSet.failed_step)."""
     g = model.gravity[None]
-    n_bodies = model.body_count[None]
-    contacts.contact_total[None] = 0
-    if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: the drops of the fill this step solves
-        lists.overflow_count[None] += lists.dropped_now[None]
-        lists.dropped_now[None] = 0
+    run = not contacts.skipping()
+    n_bodies = ti.select(run, model.body_count[None], 0)
+    if run:
+        contacts.contact_total[None] = 0
+        if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: the drops of the fill this step solves
+            lists.overflow_count[None] += lists.dropped_now[None]
+            lists.dropped_now[None] = 0
     for i in range(n_bodies):
         # (one loop: a thread reads only its own body here; the iterations read the other bodies' records)
         li = base + i
@@ -181,20 +185,22 @@ ITERATION_BATCH = 5
 
 @ti.kernel
 def kernel_solve_iterations(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
-                            src: ti.i32, count: ti.template(), dt: ti.f32):
+                            src: ti.i32, count: ti.template(), dt: ti.f32, failed_step: ti.template()):
     """`count` (compile time) Jacobi iterations, the first reading solver.motion[src]; iteration c writes
-    buffer (src + c + 1) % 2."""
+    buffer (src + c + 1) % 2. None while failed_step[None] != NO_FAILURE (app.contacts.ContactSet.failed_step:
+    the lists at `base` may then be last step's, which a redo needs unchanged)."""
+    n = ti.select(failed_step[None] == NO_FAILURE, model.body_count[None], 0)
     for c in ti.static(range(count)):
-        solve_iteration(model, lists, base, solver, (src + c) % 2, dt)
+        solve_iteration(model, lists, base, solver, (src + c) % 2, dt, n)
 
 
 @ti.func
-def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti.template(), src, dt):
-    """One Jacobi + mass-splitting iteration: reads solver.motion[src] and solver.body, writes
-    solver.motion[1 - src] and the accumulated impulses of each body's own contact records (those three
-    members only: the rest of a record is read-only here). Call at a kernel's top level (its loop must
-    stay a top-level loop to run in parallel)."""
-    for i in range(model.body_count[None]):
+def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti.template(), src, dt, n_bodies):
+    """One Jacobi + mass-splitting iteration over bodies 0 .. n_bodies - 1: reads solver.motion[src] and
+    solver.body, writes solver.motion[1 - src] and the accumulated impulses of each body's own contact records
+    (those three members only: the rest of a record is read-only here). Call at a kernel's top level (its loop
+    must stay a top-level loop to run in parallel)."""
+    for i in range(n_bodies):
         dst = 1 - src
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
@@ -331,7 +337,8 @@ class JacobiSolver:
         left = self.iterations
         while left > 0:
             count = ITERATION_BATCH if left >= ITERATION_BATCH else 1
-            kernel_solve_iterations(self.model, contacts.lists, contacts.base, self, src, count, dt)
+            kernel_solve_iterations(self.model, contacts.lists, contacts.base, self, src, count, dt,
+                                    contacts.failed_step)
             src = (src + count) % 2
             left -= count
-        kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health)
+        kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health, contacts.failed_step)

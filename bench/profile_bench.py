@@ -74,12 +74,10 @@ def main(argv=None) -> int:
         del sim
         gc.collect()
         sim = Simulation(scene, verbose=False, spatial_sort=(order != "scene"), resort_interval=interval)
-        for _ in range(args.warmup):
-            sim.step()
+        sim.advance(args.warmup)
         if order == "landed":
             sim.resort()
-            for _ in range(args.resettle):
-                sim.step()
+            sim.advance(args.resettle)
         ti.sync()
         ti.profiler.clear_kernel_profiler_info()
         prof = None
@@ -88,8 +86,7 @@ def main(argv=None) -> int:
             prof = cProfile.Profile()
             prof.enable()
         t0 = time.perf_counter()
-        for _ in range(args.steps):
-            sim.step()
+        sim.advance(args.steps)
         ti.sync()
         wall = (time.perf_counter() - t0) / args.steps * 1e3
         if prof is not None:

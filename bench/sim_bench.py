@@ -68,16 +68,14 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     # larger scene would be reused, and its memory (and speed) reported for this one.
     sim = Simulation(scene, verbose=verbose, resort_interval=resort_interval)
     warm = _landing_steps(scene) if warmup_steps is None else int(warmup_steps)
-    for _ in range(warm):
-        sim.step()
+    sim.advance(warm)
     sim.check()
     ti.sync()
     t_warm = time.perf_counter() - t_build
     contacts0 = int(sim.contacts.contact_total[None])
     dropped0 = sim.contacts.overflowed()  # cumulative since the storage was made: split warm-up / timed
     t0 = time.perf_counter()
-    for _ in range(steps):
-        sim.step()
+    sim.advance(steps)
     ti.sync()
     wall = time.perf_counter() - t0
     sim.check()

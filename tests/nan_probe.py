@@ -40,8 +40,8 @@ def main(stage: str) -> str:
     kernel_prepare(sim.model, sim.state, lists, c.base, solver, c, sim.dt)
     if stage == "iterations":
         poison()
-    kernel_solve_iterations(sim.model, lists, c.base, solver, 0, 1, sim.dt)
-    kernel_integrate(sim.model, sim.state, sim.state, solver, 1, sim.dt, sim.step_count, sim.health)
+    kernel_solve_iterations(sim.model, lists, c.base, solver, 0, 1, sim.dt, c.failed_step)
+    kernel_integrate(sim.model, sim.state, sim.state, solver, 1, sim.dt, sim.step_count, sim.health, c.failed_step)
     try:
         sim.check()
     except SimulationError as e:

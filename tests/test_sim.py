@@ -802,6 +802,47 @@ def test_step_redone_after_a_failed_device_commit_moves_bodies_the_same(sim):
     assert not np.array_equal(roomy[0], before[0])  # (the step moved the bodies)
 
 
+def test_steps_checked_later_are_redone_from_the_failed_one_to_the_same_bits(sim):
+    # Simulation.advance reads back whether its steps' VLA commits sufficed only every few steps. A step whose
+    # commit failed, and every step launched after it before that read, must leave the state and the contact
+    # lists alone, and the redo from the failed step must end where steps checked one at a time end: the
+    # same state to the last bit. Here 2 steps succeed, the pairs' pool is cut to one chunk, and the next 2
+    # steps are launched before the read.
+    st = sim.state
+    fields = (st.body_pos, st.body_quat, st.body_vel, st.body_omega)
+
+    def run(fail_in_window):
+        sim.load(_small_pile("vla"))
+        sim.advance(400)  # landed: every class of pair lists beyond its 2 inline slots
+        sim._check_every = 4
+        regrowths = sim.vla_regrowths
+        launched = []
+        sim._launch_step = lambda: (launched.append(sim.step_count), type(sim)._launch_step(sim))
+        try:
+            sim._launch_step()
+            sim._launch_step()
+            if fail_in_window:
+                sim.grid.pairs.clear_all()
+                sim.grid.pairs.trim()   # the next step's device commit cannot place its pairs
+                assert sim.grid.pairs.stats()["pool_chunks_total"] == 1
+            sim._launch_step()
+            sim._launch_step()
+            before = fields[0].to_numpy() if fail_in_window else None
+            sim._settle()
+        finally:
+            del sim._launch_step
+        return [f.to_numpy() for f in fields], launched, sim.vla_regrowths - regrowths, before
+
+    checked, launched, redone, _ = run(False)
+    assert launched == [400, 401, 402, 403] and redone == 0 and sim.step_count == 404
+    later, launched, redone, skipped = run(True)
+    # step 402 failed: 403 was skipped, 402 was redone through vla.launch and 403 launched again
+    assert launched == [400, 401, 402, 403, 403] and redone == 1 and sim.step_count == 404
+    assert not np.array_equal(skipped, later[0])   # (before the read, steps 402-403 had not moved the bodies)
+    for a, b in zip(checked, later):
+        assert np.array_equal(a, b)
+
+
 def test_solver_motion_does_not_depend_on_list_order(sim):
     # Threads append contacts in whatever order they race; the solver sums each list in fixed point
     # (app.solver.FIXED_ONE) and finds warm-start partners by key, so one step from the same state and the

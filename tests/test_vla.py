@@ -8,7 +8,7 @@ import taichi as ti
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vla import VLA, Batch, VLACapacityError, VLAOverflowError, launch
+from vla import NO_FAILURE, VLA, Batch, VLACapacityError, VLAOverflowError, launch
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
 
@@ -910,6 +910,42 @@ def test_batch_failure_leaves_readable_lists_then_launch_completes(why):
     batch.begin()
     batch.launch(k_refill_pairs, v, o, x, m, vlas=[v], rollback=False)
     assert batch.done() and sorted_lists(v) == [sorted(r) for r in ref]
+
+
+@ti.kernel
+def k_add_lengths_unless_failed(v: ti.template(), failed_at: ti.template(), out: _i32_nd):
+    """out[i] += length(i), unless a batch has failed (a consumer that must not build on a failed batch)."""
+    for i in range(ti.select(failed_at[None] == NO_FAILURE, v.num_arrays, 0)):
+        out[i] += v.length(i)
+
+
+def test_batch_checked_later_records_the_first_failed_tag_and_gates_kernels():
+    """Batches run back to back, checked with one read at the end: a failed device commit records its batch's
+    tag in failed_at, the earliest one wins, it stays set through later batches (which may succeed), kernels
+    that test it do nothing from the failure on, and clear_failure() lets them run again."""
+    n = 6
+    v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, reserve=4, name="batch_later")
+    small = np.repeat(np.arange(n), [1, 1, 1, 0, 1, 1])          # inline only: fits
+    large = np.repeat(np.arange(n), [6, 1, 9, 0, 4, 12])         # needs more chunks than the pool has
+    fills = {t: _pairs_nd(own, np.arange(len(own)) + 10 * t) for t, own in
+             ((3, small), (4, large), (5, small), (6, large))}
+    out = ti.ndarray(ti.i32, shape=n)
+    batch = Batch()
+    assert batch.first_failure() is None
+    for tag in (3, 4, 5, 6):
+        batch.begin(tag)
+        batch.launch(k_refill_pairs, v, *fills[tag], vlas=[v], rollback=False)
+        k_add_lengths_unless_failed(v, batch.failed_at, out)
+    assert batch.first_failure() == 4
+    np.testing.assert_array_equal(out.to_numpy(), [1, 1, 1, 0, 1, 1])   # batch 3's fill only
+    batch.clear_failure()
+    assert batch.first_failure() is None
+    launch(k_refill_pairs, v, *fills[6], vlas=[v], rollback=False)      # the redo grows the pool
+    assert sorted_lists(v) == [sorted(r) for r in _lists_from(large, np.arange(len(large)) + 60, n)]
+    k_add_lengths_unless_failed(v, batch.failed_at, out)
+    np.testing.assert_array_equal(out.to_numpy(), [7, 2, 10, 0, 5, 13])
+    with pytest.raises(ValueError, match="tag"):
+        batch.begin(-1)
 
 
 def test_batch_rolls_back_and_later_launches_read_earlier_appends():

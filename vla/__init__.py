@@ -4,7 +4,7 @@
 
 See vla/core.py for the design and README.md for an example kernel.
 """
-from .core import VLA, Batch, element_bytes, launch
+from .core import NO_FAILURE, VLA, Batch, element_bytes, launch
 from .errors import VLACapacityError, VLAOverflowError
 
-__all__ = ["VLA", "Batch", "launch", "VLAOverflowError", "VLACapacityError", "element_bytes"]
+__all__ = ["VLA", "Batch", "launch", "VLAOverflowError", "VLACapacityError", "element_bytes", "NO_FAILURE"]

@@ -230,14 +230,15 @@ def _k_commit(v: ti.template(), pool_chunks: ti.i32):
 
 
 @ti.kernel
-def _k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slot: ti.i32):
+def _k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slot: ti.i32, failed_at: ti.template(),
+                     tag: ti.i32):
     """commit() decided on the device, for Batch: no host read. Lists that outgrew their chunks claim new runs
     at the pool's bump and the parked elements move home, as in _k_commit. What only the host can fix is left
     to it, with every list left readable: if some list found the pool full, or more appends overflowed than
     the overflow area holds (then nothing is claimed), every list keeps only the elements in its own storage
     (length clamped to capacity(i): each element it then shows is one that was appended) and the overflow area
-    empties. status[slot] = 0 when every append is home, else the number of appends that overflowed.
-    The bump is repaired as VLA._after_claims does."""
+    empties. status[slot] = 0 when every append is home, else the number of appends that overflowed, and then
+    failed_at[None] (a 0-d i32 field) = min(itself, tag). The bump is repaired as VLA._after_claims does."""
     v._scalars[6] = v._scalars[0]
     _claims_begin(v)
     for i in range(v.num_arrays):
@@ -258,6 +259,8 @@ def _k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slo
             v.length_field[i] = ti.min(v.length_field[i], v.capacity(i))
     failed = v._scalars[4] > 0 or v._scalars[6] > v._scalars[1]
     status[slot] = ti.select(failed, v._scalars[6], 0)
+    if failed:
+        ti.atomic_min(failed_at[None], tag)
     if v._scalars[6] > 0:
         v._scalars[8] += 1
     if v._scalars[5] > 0:
@@ -1390,6 +1393,11 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
 # ----------------------------------------------------------------------------------------------------
 # Batch: several launches, committed on the device, checked with one host read
 # ----------------------------------------------------------------------------------------------------
+# Batch.failed_at when no launch has failed since the last clear_failure() (the largest i32: failures are
+# recorded with atomic_min, so the earliest tag wins).
+NO_FAILURE = 2 ** 31 - 1
+
+
 class Batch:
     """Launches whose VLAs commit on the device, then one host read for all of them (:meth:`done`).
 
@@ -1415,13 +1423,39 @@ class Batch:
             vla.launch(kernel_b, y)
 
     The kernels have the same duty as under launch(): idempotent apart from their appends.
+
+    Checking later: even one host read per batch leaves the GPU idle while the host reads and launches the
+    next kernel (H200, landed 1M-body pile: 0.3 ms of a 10.4 ms step, measured by leaving the read out;
+    docs/benchmarks.md, session 20). So a caller may run several batches back to back and check them all with
+    one read. ``begin(tag)`` labels a batch; a failed device commit records the smallest such tag in
+    ``failed_at`` (a 0-d i32 field, ``NO_FAILURE`` when none), which stays set until ``clear_failure()``.
+    Kernels that must not build on a failed batch (they would read its short lists, or overwrite what a
+    redo needs) test ``failed_at[None] == NO_FAILURE`` on the device and skip their work; ``first_failure()``
+    reads the tag on the host, and the caller redoes the work from that batch on::
+
+        for s in range(8):
+            batch.begin(tag=s)
+            batch.launch(fill, lists, vlas=[lists], rollback=False)
+            use(lists, batch.failed_at)         # does nothing once failed_at is set
+        f = batch.first_failure()               # the one host read
+        if f is not None:
+            batch.clear_failure()
+            ...                                 # back to the state before batch f, redo f through launch()
+
+    Deferred checking suits launches given ``rollback=False`` (kernels that empty what they fill): a roll
+    back happens only in done().
     """
 
-    def __init__(self):
+    def __init__(self, failed_at=None):
+        """failed_at: a 0-d i32 field to record failures in (kernels elsewhere may already be compiled
+        against it), or None for a field of the batch's own. Set to NO_FAILURE here."""
         self._status = None
         self._prog = impl.get_runtime().prog
         self._entries = []   # (vla, status slot, snapshot ndarray or None), in launch order
         self.failed = []     # after done() returned False: (VLA name, appends that overflowed) of each failure
+        self.failed_at = failed_at if failed_at is not None else ti.field(ti.i32, ())
+        self.failed_at[None] = NO_FAILURE
+        self._tag = 0
 
     def __del__(self):
         try:   # an ndarray must not be freed through a later Taichi program (see _GRAVEYARD)
@@ -1430,10 +1464,14 @@ class Batch:
         except Exception:
             pass
 
-    def begin(self):
-        """Start a batch (forgets the last one's launches)."""
+    def begin(self, tag: int = 0):
+        """Start a batch (forgets the last one's launches); `tag` (0 <= tag < NO_FAILURE) is what its failed
+        commits record in failed_at."""
+        if not 0 <= int(tag) < NO_FAILURE:
+            raise ValueError(f"Batch.begin: tag must be in [0, {NO_FAILURE}), got {tag}")
         self._entries = []
         self.failed = []
+        self._tag = int(tag)
 
     def launch(self, fn, *args, vlas=None, rollback=True):
         """Run ``fn(*args)`` and commit the affected VLAs on the device (no host read). ``vlas`` and ``rollback``
@@ -1453,14 +1491,14 @@ class Batch:
             self._status = ti.ndarray(ti.i32, shape=max(16, 2 * need))
         for v, snap in zip(vlas, snaps):
             k = len(self._entries)
-            _k_commit_device(v, v._caps["pool_chunks"], self._status, k)
+            _k_commit_device(v, v._caps["pool_chunks"], self._status, k, self.failed_at, self._tag)
             self._entries.append((v, k, snap))
         return result
 
     def done(self) -> bool:
         """One host read. True: every append of the batch's launches is readable, as after launch(). False: some
         VLA needed the host to grow it (see the class docstring); the VLAs given ``rollback=True`` have been
-        rolled back, and the work must run again through launch()."""
+        rolled back, failed_at is cleared, and the work must run again through launch()."""
         if not self._entries:
             return True
         status = self._status.to_numpy()[:len(self._entries)]
@@ -1470,4 +1508,15 @@ class Batch:
             if snap is not None:
                 _k_nd_to_lengths(v, snap)
         self.failed = [(v.name, int(status[k])) for v, k, _ in self._entries if status[k]]
+        self.clear_failure()
         return False
+
+    def first_failure(self):
+        """One host read: the smallest tag of the batches whose device commits failed since the last
+        clear_failure(), or None. Their VLAs are readable but short, as after done() returned False."""
+        tag = int(self.failed_at[None])
+        return None if tag == NO_FAILURE else tag
+
+    def clear_failure(self):
+        """Forget recorded failures (before redoing the work: gated kernels run again)."""
+        self.failed_at[None] = NO_FAILURE
