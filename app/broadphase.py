@@ -76,7 +76,9 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
     cs = model.grid_cell_size[None]
     n = model.body_count[None]
     for i in range(n):
-        h = grid_bucket(grid_cell_of(state.body_pos[i], cs), grid.axis_mask)
+        p = state.body_pos[i]
+        grid.body_sphere[i] = ti.Vector([p[0], p[1], p[2], model.body_radius[i]])
+        h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
         grid.body_bucket[i] = h
         grid.body_slot[i] = grid.cells.append(h, i)
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
@@ -106,8 +108,9 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     margin = model.contact_margin[None]
     for t in range(n):
         i = grid.body_order[t]
-        pi_ = state.body_pos[i]
-        ri = model.body_radius[i]
+        si = grid.body_sphere[i]
+        pi_ = ti.Vector([si[0], si[1], si[2]])
+        ri = si[3]
         shape_i = model.body_shape[i]
         fixed_i = model.body_inv_mass[i] == 0.0
         if not fixed_i:
@@ -124,8 +127,13 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
             for s in range(grid.cells.length(h)):
                 j = grid.cells.get(h, s)
-                if (nb > 13 or j > i) and not (fixed_i and model.body_inv_mass[j] == 0.0):
-                    if (state.body_pos[j] - pi_).norm() <= ri + model.body_radius[j] + margin:
+                sj = grid.body_sphere[j]
+                near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + margin
+                if near and (nb > 13 or j > i):
+                    ok = True
+                    if fixed_i:   # (a branch: Taichi evaluates both sides of `and`, and fixed bodies are rare)
+                        ok = model.body_inv_mass[j] != 0.0
+                    if ok:
                         grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
 
 
@@ -165,6 +173,9 @@ class Grid:
         self.body_order = ti.field(ti.i32, n)
         self.body_bucket = ti.field(ti.i32, n)
         self.body_slot = ti.field(ti.i32, n)
+        # (position m, bounding radius m) of each body, written with its bucket: the candidate-pair pass tests
+        # ~40 neighbours a body, and reads each one's sphere in one 16-byte load instead of two fields
+        self.body_sphere = ti.Vector.field(4, ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
         self.scan_scratch = ti.field(ti.i32, scan_scratch_size(self.table_size))
         # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
