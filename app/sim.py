@@ -2,10 +2,12 @@
 
     sim = Simulation(scene)                    # a validated app.scene.Scene; ti.init must have run
     sim.step_frame()                           # sim.substeps steps of sim.dt
+    sim.advance(n)                             # n steps, their VLA commits checked every few steps
     sim.positions(), sim.orientations()        # numpy, bodies in scene order
 
 A step is: flip contact generations -> grid broadphase (VLA cell lists) -> narrowphase (appends to both
-bodies' contact lists; through vla.launch for the VLA storage, so no contact is lost) -> solver
+bodies' contact lists; a step whose VLAs could not hold its appends is redone after they grow, so no contact
+is lost: see advance) -> solver
 (prepare + Jacobi/mass-splitting iterations + integrate, in place on `state`). Every `resort_interval`
 steps a large scene's bodies are stored again in the order of where they are (app.reorder), which keeps
 neighbours near in memory and changes nothing in the motion.
@@ -182,7 +184,7 @@ class Simulation:
         self._unchecked = 0
         self._check_every = 1
         self.overflow_events = []
-        self.vla_regrowths = 0   # steps whose broadphase and narrowphase ran again to grow a VLA (see step)
+        self.vla_regrowths = 0   # steps redone to grow a VLA (see advance)
         self._overflow_seen = self.contacts.overflowed()
         self._contact_samples = []
         self.contacts.max_depth[None] = 0.0
@@ -260,11 +262,12 @@ class Simulation:
         A step is 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them per
         launch, see app.solver) and 3 device-side commits (grid cells, candidate pairs, contacts) in one
         vla.Batch: lists that grew take chunks from their pool's free space on the device. Nothing is read back
-        per step: the host reads once every CHECK_STEPS steps whether every commit sufficed (_settle). When one
-        did not (a pool or an overflow area too small: a few times while a scene's contacts grow), the
-        narrowphase and solver kernels of that step and of every later one have done nothing (they skip while
-        contacts.failed_step is set), and _settle redoes the steps from the failed one, that one through
-        vla.launch, which grows the VLAs on the host; nothing is lost, and the motion is the same to the bit."""
+        per step: the host reads every few steps (at most CHECK_STEPS, see above) whether every commit sufficed
+        (_settle). When one did not (a pool or an overflow area too small: a few times while a scene's contacts
+        grow), the narrowphase and solver kernels of that step and of every later one have done nothing (they
+        skip while contacts.failed_step is set), and _settle redoes the steps from the failed one, that one
+        through vla.launch, which grows the VLAs on the host; nothing is lost, and the motion is the same to the
+        bit."""
         steps = int(steps)
         for k in range(steps):
             self._launch_step()
