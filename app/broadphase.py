@@ -226,8 +226,8 @@ class Grid:
     def build(self, model, state, batch=None):
         """Rebuild the cell lists and body_order from the current positions (through vla.launch: no body is
         ever lost; the kernel empties the cells before filling them, so a re-run needs no roll back). With a
-        vla.Batch, through it instead: the caller checks batch.done() and builds again without one if it
-        says False."""
+        vla.Batch, through it instead: the caller checks the batch (done(), or first_failure() several steps
+        later, see app.sim.Simulation.advance) and builds again without one if it failed."""
         from vla import launch
 
         (batch.launch if batch is not None else launch)(kernel_grid_insert, model, state, self, vlas=[self.cells],

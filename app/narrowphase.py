@@ -653,9 +653,9 @@ def find_contacts(model, state, grid, contacts, dt: float, batch=None):
     (kernel_narrowphase), so the narrowphase reads every pair from its list's storage. (Until session 19 both
     ran inside one launch, and the narrowphase also walked the pairs still pending in the overflow area: a
     second copy of every class's manifold code, a third of its compile time, for a loop that was almost always
-    empty.) Inside `batch` (a vla.Batch) the caller checks batch.done() and runs find_contacts again without
-    one if it says False: a pairs overflow the device could not commit leaves pairs out of the narrowphase, and
-    that re-run redoes both. Both kernels empty their lists before filling them, so a re-run after a VLA grew
+    empty.) Inside `batch` (a vla.Batch) the caller checks the batch (done(), or first_failure() several steps
+    later: app.sim.Simulation.advance) and runs find_contacts again without one if it failed: a pairs overflow
+    the device could not commit leaves pairs out of the narrowphase, and that re-run redoes both. Both kernels empty their lists before filling them, so a re-run after a VLA grew
     needs no roll back. Padded and dynamic contact storages are not VLAs: no commit for them."""
     run = batch.launch if batch is not None else launch
     run(kernel_candidate_pairs, model, state, grid, vlas=[grid.pairs], rollback=False)

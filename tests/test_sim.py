@@ -495,6 +495,74 @@ def _run_recording(sim, scene, steps, resort_at=()):
     return out, orders
 
 
+def test_advance_with_resorts_and_redone_steps_ends_where_checked_steps_end(sim):
+    # advance() checks its steps every few steps, settles before each automatic resort, and redoes a failed
+    # step with the steps launched after it. A falling pile whose VLA pools start at one chunk (so commits fail
+    # as its contacts grow) advanced 300 steps in one call with a resort every 37 steps must end, in scene
+    # order, where 300 checked steps without resorts end: to the last bit (resorts change no motion:
+    # test_resort_changes_no_motion_bit_for_bit; redos change none: the tests above).
+    scene = _small_pile("vla")
+    ref, _ = _run_recording(sim, scene, 300)
+    min_bodies = sim.resort_min_bodies
+    try:
+        sim.load(scene)
+        for v in (sim.contacts.lists, sim.grid.pairs):
+            v.clear_all()
+            v.trim()
+        sim.resort_interval = 37
+        sim.resort_min_bodies = 0
+        resorts = []
+        real_resort = type(sim).resort
+        sim.resort = lambda: (resorts.append(sim.step_count), real_resort(sim))
+        sim.advance(300)
+    finally:
+        sim.__dict__.pop("resort", None)
+        sim.resort_interval = sim.RESORT_INTERVAL
+        sim.resort_min_bodies = min_bodies
+    assert resorts == list(range(37, 300, 37)) and sim.step_count == 300
+    assert sim.vla_regrowths > 0, "some commits must have failed for the redo to be tested"
+    got = (sim.positions(), sim.orientations(), sim.velocities(), sim.angular_velocities(), sim.contact_counts())
+    for x, y in zip(ref[-1], got):
+        assert np.array_equal(x, y)
+
+
+def test_a_failed_step_and_a_resort_in_one_advance(sim):
+    # A resort renumbers the bodies and their contacts (advance() checks its steps before one). Here step 302
+    # fails (the pairs' pool cut to one chunk just before it) and the resort comes after step 303: 306 steps in
+    # one advance() must end where checked steps with the same resort end, to the last bit.
+    scene = _small_pile("vla")
+    ref, _ = _run_recording(sim, scene, 306, resort_at=(303,))
+    min_bodies = sim.resort_min_bodies
+    try:
+        sim.load(scene)
+        sim.resort_interval = 0
+        sim.advance(300)
+        sim.resort_interval = 304
+        sim.resort_min_bodies = 0
+        sim._check_every = sim.CHECK_STEPS
+        regrowths = sim.vla_regrowths
+        real_launch = type(sim)._launch_step
+
+        def launch():
+            if sim.step_count == 302:
+                sim.grid.pairs.clear_all()
+                sim.grid.pairs.trim()
+            real_launch(sim)
+
+        sim._launch_step = launch
+        sim.advance(6)
+    finally:
+        sim.__dict__.pop("_launch_step", None)
+        sim.resort_interval = sim.RESORT_INTERVAL
+        sim.resort_min_bodies = min_bodies
+    # (>= 1: the pool regrown for step 302 may leave step 303's device commit short too, since a list that
+    # grows moves its chunk run to the pool's bump)
+    assert sim.vla_regrowths >= regrowths + 1 and sim.step_count == 306
+    got = (sim.positions(), sim.orientations(), sim.velocities(), sim.angular_velocities(), sim.contact_counts())
+    for x, y in zip(ref[-1], got):
+        assert np.array_equal(x, y)
+
+
 def _stored_lists(sim):
     """Current generation's records per body in stored order, each a list of (other, feature, point,
     impulse_n) tuples in list order."""
