@@ -1001,6 +1001,9 @@ op = st.one_of(
     st.tuples(st.just("set"), st.integers(0, 5), st.integers(0, 30), st.integers(-99, 99)),
     st.tuples(st.just("permute"), st.integers(0, 5), st.permutations(range(6))),
     st.tuples(st.just("batch"), st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), max_size=40)),
+    st.tuples(st.just("refills_checked_later"),
+              st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), max_size=40), min_size=1,
+                       max_size=3)),
 )
 
 
@@ -1078,6 +1081,25 @@ def test_random_operation_sequences_match_list_reference(config, ops):
                 launch(k_append_pairs, v, o_nd, x_nd, m)
             for i, x in pairs:
                 ref[i].append(x)
+        elif kind == "refills_checked_later":
+            # refills through tagged Batches (rollback=False), checked once at the end; from the first failed
+            # one on, redo it through launch() and run the later ones again, until none fails
+            fills = o[1]
+            nds = [_pairs_nd([p[0] for p in f], [p[1] for p in f]) for f in fills]
+            batch = _PROP.setdefault("batch", Batch())
+            start = 0
+            while True:
+                for t in range(start, len(fills)):
+                    batch.begin(t)
+                    batch.launch(k_refill_pairs, v, *nds[t], vlas=[v], rollback=False)
+                failed = batch.first_failure()
+                if failed is None:
+                    break
+                assert start <= failed < len(fills)
+                batch.clear_failure()
+                launch(k_refill_pairs, v, *nds[failed], vlas=[v], rollback=False)
+                start = failed + 1
+            ref = _lists_from([p[0] for p in fills[-1]], [p[1] for p in fills[-1]], 6)
         elif kind == "permute":
             first, perm = o[1], o[2]
             order = [x for x in perm if x < 6 - first]   # a permutation of 0..count-1
