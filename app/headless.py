@@ -192,10 +192,11 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
             sim.step_frame()
             if on_frame is not None:  # viewer hook (offscreen frames / video); see app.viewer.frame_callback
                 on_frame(sim, f)
-            final_pen = float(sim.contacts.max_depth[None])
+            frame = sim.last_frame   # (step_frame's one read of the device)
+            final_pen = frame["max_depth"]
             max_pen = max(max_pen, final_pen)
-            contacts.append(int(sim.contacts.contact_total[None]))
-            energies.append(sim.kinetic_energy())
+            contacts.append(frame["contacts"])
+            energies.append(frame["kinetic_energy"])
             if record:
                 traj_t.append(sim.sim_time)
                 traj_p.append(sim.positions().copy())

@@ -80,23 +80,58 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
             atomic_max_rare(health.error_kind, bad)
 
 
+@ti.func
+def body_kinetic_energy(model: ti.template(), state: ti.template(), i):
+    """Kinetic energy (J, f64) of body i: translational + rotational (body-frame diagonal inertia); 0 if fixed."""
+    total = ti.f64(0.0)
+    im = model.body_inv_mass[i]
+    if im > 0.0:
+        v = state.body_vel[i]
+        q = state.body_quat[i]
+        # body-frame angular velocity: R^T w, via q* w q
+        w = state.body_omega[i]
+        qc = ti.Vector([q[0], -q[1], -q[2], -q[3]])
+        wb4 = quat_mul(quat_mul(qc, ti.Vector([0.0, w[0], w[1], w[2]])), q)
+        ii = model.body_inv_inertia[i]
+        e = 0.5 * v.norm_sqr() / im
+        for a in ti.static(range(3)):
+            if ii[a] > 0.0:
+                e += 0.5 * wb4[a + 1] * wb4[a + 1] / ii[a]
+        total = ti.cast(e, ti.f64)
+    return total
+
+
 @ti.kernel
 def kernel_kinetic_energy(model: ti.template(), state: ti.template()) -> ti.f64:
-    """Total kinetic energy (J): translational + rotational (body-frame diagonal inertia)."""
+    """Total kinetic energy (J)."""
     total = ti.f64(0.0)
     for i in range(model.body_count[None]):
-        im = model.body_inv_mass[i]
-        if im > 0.0:
-            v = state.body_vel[i]
-            q = state.body_quat[i]
-            # body-frame angular velocity: R^T w, via q* w q
-            w = state.body_omega[i]
-            qc = ti.Vector([q[0], -q[1], -q[2], -q[3]])
-            wb4 = quat_mul(quat_mul(qc, ti.Vector([0.0, w[0], w[1], w[2]])), q)
-            ii = model.body_inv_inertia[i]
-            e = 0.5 * v.norm_sqr() / im
-            for a in ti.static(range(3)):
-                if ii[a] > 0.0:
-                    e += 0.5 * wb4[a + 1] * wb4[a + 1] / ii[a]
-            total += ti.cast(e, ti.f64)
+        total += body_kinetic_energy(model, state, i)
     return total
+
+
+# What kernel_frame_readout writes, by index (app.sim.FrameReadout reads it).
+READOUT_FIELDS = ("error_step", "error_body", "error_kind", "failed_step", "contacts", "max_depth", "dropped",
+                  "kinetic_energy")
+
+
+@ti.kernel
+def kernel_frame_readout(model: ti.template(), state: ti.template(), health: ti.template(), contacts: ti.template(),
+                         out: ti.template()):
+    """What the end of a frame reads, into one f64 field (READOUT_FIELDS), so that the host pays one round trip
+    for all of it: the health flags, contacts.failed_step (app.sim.Simulation.advance), contact points of the
+    last step, the deepest penetration (m), the appends the padded / dynamic storage dropped (0 for a VLA),
+    and the total kinetic energy (J). i32 values are exact in f64."""
+    out[0] = health.error_step[None]
+    out[1] = health.error_body[None]
+    out[2] = health.error_kind[None]
+    out[3] = contacts.failed_step[None]
+    out[4] = contacts.contact_total[None]
+    out[5] = contacts.max_depth[None]
+    out[6] = 0.0
+    if ti.static(hasattr(contacts.lists, "overflow_count")):
+        out[6] = contacts.lists.overflow_count[None] + contacts.lists.dropped_now[None]
+    total = ti.f64(0.0)
+    for i in range(model.body_count[None]):
+        total += body_kinetic_energy(model, state, i)
+    out[7] = total

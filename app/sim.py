@@ -20,11 +20,12 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import taichi as ti
 
 from app.broadphase import Grid
 from app.contacts import ContactSet
 from app.errors import UserError
-from app.integrator import NO_ERROR, Health, kernel_kinetic_energy
+from app.integrator import NO_ERROR, READOUT_FIELDS, Health, kernel_frame_readout, kernel_kinetic_energy
 from app.model import HOST_BODY_KEYS, Model
 from app.narrowphase import find_contacts
 from app import reorder as _reorder
@@ -32,7 +33,7 @@ from app.reorder import Reorder, resort_bodies
 from app.scene import SIM_DEFAULTS, Scene
 from app.solver import JacobiSolver
 from app.state import State
-from vla import Batch
+from vla import NO_FAILURE, Batch
 
 
 class SimulationError(UserError):
@@ -104,6 +105,8 @@ class Simulation:
         overflow_events: list of {"step", "lost", "total"} dicts, one per step range in which the padded or
             dynamic storage dropped contacts (also printed on stderr).
         generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
+        last_frame: the latest read_frame() (step_frame makes one a frame): health flags, contact points,
+            max_depth (m), dropped contacts, kinetic energy (J); None before the first.
         vla_regrowths: steps redone because a VLA had to grow on the host (see advance: the steps launched after
             the failed one, at most CHECK_STEPS - 1, ran again too); a cost, never a loss.
         scene_of, internal_of: int64 (N,): bodies are stored by shape, then in Z-order of their initial
@@ -153,6 +156,7 @@ class Simulation:
         self._unchecked = 0   # steps launched since the host last read whether their commits sufficed
         self._check_every = 1
         self.health = Health()
+        self._readout = ti.field(ti.f64, shape=len(READOUT_FIELDS))   # kernel_frame_readout's output
         self.generation_id += 1
 
     def load(self, scene: Scene):
@@ -183,6 +187,7 @@ class Simulation:
         self.step_count = 0
         self._unchecked = 0
         self._check_every = 1
+        self.last_frame = None
         self.overflow_events = []
         self.vla_regrowths = 0   # steps redone to grow a VLA (see advance)
         self._overflow_seen = self.contacts.overflowed()
@@ -256,7 +261,7 @@ class Simulation:
         """Advance one dt, checked: advance(1)."""
         self.advance(1)
 
-    def advance(self, steps: int):
+    def advance(self, steps: int, check_end: bool = True):
         """Advance `steps` steps of dt; on return every step is final (as if each had been checked alone).
 
         A step is 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them per
@@ -267,13 +272,14 @@ class Simulation:
         grow), the narrowphase and solver kernels of that step and of every later one have done nothing (they
         skip while contacts.failed_step is set), and _settle redoes the steps from the failed one, that one
         through vla.launch, which grows the VLAs on the host; nothing is lost, and the motion is the same to the
-        bit."""
+        bit. check_end=False leaves the last steps unchecked for the caller, who must then read them
+        (step_frame does, with the frame's readout)."""
         steps = int(steps)
         for k in range(steps):
             self._launch_step()
             resort = self.resort_interval > 0 and self.step_count % self.resort_interval == 0 and \
                 self.body_count >= self.resort_min_bodies
-            if resort or k == steps - 1 or self._unchecked >= self._check_every:
+            if resort or (check_end and k == steps - 1) or self._unchecked >= self._check_every:
                 self._settle()
             if resort:
                 self.resort()
@@ -301,8 +307,7 @@ class Simulation:
         while self._unchecked:
             f = self._batch.first_failure()
             if f is None:
-                self._unchecked = 0
-                self._check_every = min(2 * self._check_every, self.CHECK_STEPS)
+                self._checked_clean()
                 return
             self._check_every = 1
             end = self.step_count
@@ -318,6 +323,11 @@ class Simulation:
             self._unchecked = 0
             while self.step_count < end:
                 self._launch_step()
+
+    def _checked_clean(self):
+        """The launched steps were read back and none failed."""
+        self._unchecked = 0
+        self._check_every = min(2 * self._check_every, self.CHECK_STEPS)
 
     def resort(self):
         """Store the bodies again in the order of where they are now (app.reorder): by shape, then in grid order
@@ -363,23 +373,45 @@ class Simulation:
         return self._internal_of
 
     def step_frame(self):
-        """Advance `substeps` steps, then check health and overflow (two host reads per frame: advance's and
-        check's)."""
-        self.advance(self.substeps)
-        self.check()
+        """Advance `substeps` steps, then check health and overflow. One host read a frame when no VLA had to
+        grow: the frame's readout (read_frame, kept in last_frame) also says whether the steps' commits
+        sufficed; when one did not, the steps are redone (see advance) and read again."""
+        self.advance(self.substeps, check_end=False)
+        frame = self.read_frame()
+        if self._unchecked:
+            if frame["failed_step"] != NO_FAILURE:
+                self._settle()
+                frame = self.read_frame()
+            else:
+                self._checked_clean()
+        self.check(frame)
 
-    def check(self):
-        """Raise SimulationError on NaN/explosion; record and report contact overflow."""
-        if int(self.health.error_step[None]) != NO_ERROR:
-            body = int(self.scene_of[int(self.health.error_body[None])])
-            step = int(self.health.error_step[None])
-            kind = "a NaN" if int(self.health.error_kind[None]) == 1 else \
+    def read_frame(self) -> dict:
+        """One host read of app.integrator.READOUT_FIELDS (health flags, contacts.failed_step, contact points of
+        the last step, max_depth m, contacts dropped by a padded / dynamic storage, kinetic energy J), as a
+        dict of ints (floats for max_depth and kinetic_energy); also kept in last_frame."""
+        kernel_frame_readout(self.model, self.state, self.health, self.contacts, self._readout)
+        values = self._readout.to_numpy().tolist()
+        frame = {name: (x if name in ("max_depth", "kinetic_energy") else int(x))
+                 for name, x in zip(READOUT_FIELDS, values)}
+        self.last_frame = frame
+        return frame
+
+    def check(self, frame=None):
+        """Raise SimulationError on NaN/explosion; record and report contact overflow. frame: a read_frame()
+        of the current state, or None to read one."""
+        if frame is None:
+            frame = self.read_frame()
+        if frame["error_step"] != NO_ERROR:
+            body = int(self.scene_of[frame["error_body"]])
+            step = frame["error_step"]
+            kind = "a NaN" if frame["error_kind"] == 1 else \
                 f"a speed above sim.max_speed = {float(self.model.max_speed[None]):g} m/s"
             raise SimulationError(
                 f"{self.scene.path}: simulation exploded: body {body} (scene order) got {kind} at step {step} "
                 f"(t = {step * self.dt:.4f} s); try a smaller sim.dt, more sim.solver_iterations, or bodies that do "
                 f"not start overlapping")
-        total = self.contacts.overflowed()
+        total = frame["dropped"]
         if total > self._overflow_seen:
             lost = total - self._overflow_seen
             self._overflow_seen = total

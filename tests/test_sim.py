@@ -88,6 +88,15 @@ def test_three_contact_storages_agree(sim, padded_sim):
         assert np.abs(quat - ref[1]).max() <= STORAGE_AGREE_TOL_M, kind
 
 
+def _frame_read_field_by_field(sim):
+    """What Simulation.read_frame() gathers in one read, read here one field at a time."""
+    h, c = sim.health, sim.contacts
+    return {"error_step": int(h.error_step[None]), "error_body": int(h.error_body[None]),
+            "error_kind": int(h.error_kind[None]), "failed_step": int(c.failed_step[None]),
+            "contacts": int(c.contact_total[None]), "max_depth": float(c.max_depth[None]),
+            "dropped": c.overflowed(), "kinetic_energy": sim.kinetic_energy()}
+
+
 def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
     sim = padded_sim
     sim.load(scene_from_dict(_small_pile("padded").raw, ["sim.padded_capacity=2"]))  # a runtime limit
@@ -96,6 +105,11 @@ def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
     assert sim.contacts.overflowed() > 0
     assert sim.overflow_events and sim.overflow_events[0]["lost"] > 0
     assert "dropped" in capsys.readouterr().err
+    # step_frame's one read (read_frame) holds what the fields hold; the kinetic energy sums in another order
+    frame, ref = sim.last_frame, _frame_read_field_by_field(sim)
+    assert frame["dropped"] == sim.contacts.overflowed() > 0 and frame["contacts"] > 0
+    assert frame["kinetic_energy"] == pytest.approx(ref.pop("kinetic_energy"), rel=1e-12)
+    assert {k: v for k, v in frame.items() if k != "kinetic_energy"} == ref
     # A step whose broadphase and narrowphase run twice (Simulation.step does when a VLA must grow on the host)
     # counts its drops once: the second fill replaces the first's count, and the solver step books it.
     from app.narrowphase import find_contacts
