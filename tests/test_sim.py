@@ -514,7 +514,7 @@ def test_advance_with_resorts_and_redone_steps_ends_where_checked_steps_end(sim)
     # step with the steps launched after it. A falling pile whose VLA pools start at one chunk (so commits fail
     # as its contacts grow) advanced 300 steps in one call with a resort every 37 steps must end, in scene
     # order, where 300 checked steps without resorts end: to the last bit (resorts change no motion:
-    # test_resort_changes_no_motion_bit_for_bit; redos change none: the tests above).
+    # test_resort_changes_no_motion_bit_for_bit; redos change none: test_steps_checked_later_are_redone_...).
     scene = _small_pile("vla")
     ref, _ = _run_recording(sim, scene, 300)
     min_bodies = sim.resort_min_bodies
