@@ -167,6 +167,11 @@ class _CountedLists:
     def overflowed(self) -> int:
         return int(self.overflow_count[None]) + int(self.dropped_now[None])
 
+    @ti.func
+    def dropped_total(self):
+        """overflowed() inside a kernel (app.integrator.kernel_frame_readout)."""
+        return self.overflow_count[None] + self.dropped_now[None]
+
 
 @ti.data_oriented
 class PaddedLists(_CountedLists):
@@ -311,6 +316,13 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
     raise ValueError(f"unknown contact storage {kind!r}; valid: vla | padded | dynamic")
 
 
+@ti.func
+def skipping(failed_step: ti.template()):
+    """True while failed_step (ContactSet.failed_step, a 0-d i32 field) names a failed step awaiting its redo:
+    the narrowphase and solver kernels then do nothing."""
+    return failed_step[None] != NO_FAILURE
+
+
 def lists_overflowed(lists) -> int:
     """Appends lost so far (0 for a VLA, which never loses one when driven through vla.launch)."""
     return lists.overflowed() if hasattr(lists, "overflowed") else 0
@@ -345,7 +357,7 @@ class ContactSet:
     @ti.func
     def skipping(self):
         """True while a failed step waits for its redo (see failed_step): kernels then do nothing."""
-        return self.failed_step[None] != NO_FAILURE
+        return skipping(self.failed_step)
 
     @property
     def base(self) -> int:

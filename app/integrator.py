@@ -13,8 +13,8 @@ import taichi as ti
 
 from app.atomics import atomic_max_rare, atomic_min_rare
 from app.math3d import quat_mul
+from app.contacts import skipping
 from app.solver_body import unpack_motion
-from vla import NO_FAILURE
 
 # Sentinel for "no bad body seen" in Health.error_body / error_step (atomic_min keeps the first).
 NO_ERROR = 2 ** 31 - 1
@@ -48,10 +48,10 @@ def _finite3(v):
 def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: ti.template(), solver: ti.template(),
                      src: ti.i32, dt: ti.f32, step_index: ti.i32, health: ti.template(), failed_step: ti.template()):
     """Reads solver buffers [src] and state_in poses; writes state_out; flags NaN/explosions in health. Nothing
-    while failed_step[None] != NO_FAILURE (app.contacts.ContactSet.failed_step: the step is to be redone from
+    while skipping(failed_step) (app.contacts.ContactSet.failed_step: the step is to be redone from
     state_in, so state_in = state_out must stay as it is)."""
     vmax = model.max_speed[None]
-    for i in range(ti.select(failed_step[None] == NO_FAILURE, model.body_count[None], 0)):
+    for i in range(ti.select(skipping(failed_step), 0, model.body_count[None])):
         mo = unpack_motion(solver.motion[src, i])
         v = mo.v
         w = mo.w
@@ -110,7 +110,7 @@ def kernel_kinetic_energy(model: ti.template(), state: ti.template()) -> ti.f64:
     return total
 
 
-# What kernel_frame_readout writes, by index (app.sim.FrameReadout reads it).
+# What kernel_frame_readout writes, by index (app.sim.Simulation.read_frame reads it).
 READOUT_FIELDS = ("error_step", "error_body", "error_kind", "failed_step", "contacts", "max_depth", "dropped",
                   "kinetic_energy")
 
@@ -129,8 +129,8 @@ def kernel_frame_readout(model: ti.template(), state: ti.template(), health: ti.
     out[4] = contacts.contact_total[None]
     out[5] = contacts.max_depth[None]
     out[6] = 0.0
-    if ti.static(hasattr(contacts.lists, "overflow_count")):
-        out[6] = contacts.lists.overflow_count[None] + contacts.lists.dropped_now[None]
+    if ti.static(hasattr(contacts.lists, "dropped_total")):
+        out[6] = contacts.lists.dropped_total()
     total = ti.f64(0.0)
     for i in range(model.body_count[None]):
         total += body_kinetic_energy(model, state, i)

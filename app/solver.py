@@ -29,12 +29,11 @@ per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
 
 import taichi as ti
 
-from app.contacts import first_copy, record_normal
+from app.contacts import first_copy, record_normal, skipping
 from app.integrator import kernel_integrate
 from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_inv_inertia
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
-from vla import NO_FAILURE
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -187,9 +186,9 @@ ITERATION_BATCH = 5
 def kernel_solve_iterations(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
                             src: ti.i32, count: ti.template(), dt: ti.f32, failed_step: ti.template()):
     """`count` (compile time) Jacobi iterations, the first reading solver.motion[src]; iteration c writes
-    buffer (src + c + 1) % 2. None while failed_step[None] != NO_FAILURE (app.contacts.ContactSet.failed_step:
+    buffer (src + c + 1) % 2. None while skipping(failed_step) (app.contacts.ContactSet.failed_step:
     the lists at `base` may then be last step's, which a redo needs unchanged)."""
-    n = ti.select(failed_step[None] == NO_FAILURE, model.body_count[None], 0)
+    n = ti.select(skipping(failed_step), 0, model.body_count[None])
     for c in ti.static(range(count)):
         solve_iteration(model, lists, base, solver, (src + c) % 2, dt, n)
 
