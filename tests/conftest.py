@@ -11,6 +11,12 @@ import gc
 
 import pytest
 
+from app.frontend_cache import install
+
+# Taichi's front end with the app's caches, as the app runs it (app.headless.init_taichi): the same compiled
+# code, built about twice as fast (tests/test_frontend_cache.py checks that they change nothing).
+install()
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _collect_garbage_at_module_boundaries():
