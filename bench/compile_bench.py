@@ -1,12 +1,14 @@
 """Compile time of the simulator's kernels: each kernel's first call, timed, for one small Simulation.
 
     python run.py bench compile [--arch cpu] [--taichi-optimisations app|on|off] [--offline-cache]
+                                [--frontend-cache on|off]
 
 A first call compiles (Taichi builds the kernel's intermediate code from Python, then generates machine code)
 and runs the kernel once on a 40-body pile, whose run time is negligible beside the compile. Without
 --offline-cache, Taichi's disk cache is off, so every kernel compiles in full. --taichi-optimisations: Taichi's
 own IR optimisations (ti.init's advanced_optimization) as the app runs them (app.headless.taichi_options:
-off on the CPU since session 18), on, or off. Prints the kernels by compile time and the total.
+off on the CPU since session 18), on, or off. --frontend-cache: the app's caches of Taichi's front end
+(app.frontend_cache, on as the app runs) or Taichi as it comes. Prints the kernels by compile time and the total.
 """
 import argparse
 import collections
@@ -20,8 +22,14 @@ def main(argv=None) -> int:
                    help="Taichi's advanced_optimization: as the app runs it (default), on or off")
     p.add_argument("--offline-cache", action="store_true", help="use Taichi's disk cache (default: off)")
     p.add_argument("--storage", choices=("vla", "padded", "dynamic"), default="vla", help="contact storage")
+    p.add_argument("--frontend-cache", choices=("on", "off"), default="on",
+                   help="app.frontend_cache's caches of Taichi's front end (default on, as the app runs)")
     p.add_argument("--top", type=int, default=12, help="how many kernels to list")
     args = p.parse_args(argv)
+    if args.frontend_cache == "on":
+        from app.frontend_cache import install
+
+        install()
 
     import taichi as ti
     from taichi.lang import kernel_impl
@@ -70,7 +78,7 @@ def main(argv=None) -> int:
         kernel_impl.Kernel.__call__ = call
     opt = "on" if options.get("advanced_optimization", True) else "off"
     print(f"arch {args.arch}, Taichi's IR optimisations {opt}, offline cache {'on' if args.offline_cache else 'off'}, "
-          f"contacts {args.storage}: Simulation() {t1 - t0:.1f} s, first 3 steps {t2 - t1:.1f} s")
+          f"front-end cache {args.frontend_cache}, contacts {args.storage}: Simulation() {t1 - t0:.1f} s, first 3 steps {t2 - t1:.1f} s")
     for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])[:args.top]:
         print(f"{s:8.2f} s  {name}")
     print(f"{sum(seconds.values()):8.2f} s  all first calls ({len(seconds)} kernels)")

@@ -21,7 +21,8 @@ def taichi_runtime():
 
 
 @pytest.fixture()
-def cache():
+def cache(monkeypatch):
+    monkeypatch.delenv("SMOLVLA_FRONTEND_CACHE", raising=False)   # (these tests are of the caches)
     if not frontend_cache.install():
         pytest.skip("app.frontend_cache does not patch this Taichi version")
     yield
@@ -135,6 +136,7 @@ def test_a_compile_error_reads_the_same_with_and_without_the_caches(cache):
 
 def test_switched_off_by_the_environment(monkeypatch):
     """SMOLVLA_FRONTEND_CACHE=0 leaves Taichi's own functions in place."""
+    monkeypatch.delenv("SMOLVLA_FRONTEND_CACHE", raising=False)
     assert frontend_cache.install()
     own = frontend_cache._originals[(atu.ASTTransformerContext, "get_pos_info")]
     frontend_cache.uninstall()
