@@ -7,9 +7,10 @@ For each inlined ``@ti.func`` call it reads the function's source again (``inspe
 message (file, line, the line wrapped by ``textwrap`` with a ``^^^`` marker under the node) that is kept for
 error messages. The simulator's kernels inline the same functions many times (a Jacobi iteration five times a
 launch, the contact emission once per pair class, the math helpers everywhere), so most of this work repeats
-the same inputs. Profiled on this project's 2-core development machine, the first step of
+the same inputs. Profiled (cProfile) on this project's 2-core development machine, the first step of
 ``scenes/default.yaml`` (its kernels in Taichi's disk cache) spent 7.1 of 17.1 s formatting position messages
-and 3.2 s re-reading sources.
+(102,492 of them, 7,192 distinct) and 3.2 s re-reading sources; with the caches, that step takes about half
+as long (docs/simulator.md, "Session 21").
 
 ``install()`` wraps those functions with caches keyed on everything their results depend on, so the strings
 and source lines Taichi gets are exactly the ones it would have computed: no behaviour changes, compiled code
