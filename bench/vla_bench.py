@@ -349,6 +349,9 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             st = s.stats()
             reserved = st["reserved_bytes"]
             row["element_reserved_MB"] = st["element_reserved_bytes"] / 1e6
+            # (all the device memory the VLA holds: reserved plus its kept work buffers, e.g. launch's snapshot)
+            row["device_MB"] = st["device_bytes"] / 1e6
+            row["device_over_live"] = st["device_bytes"] / live_bytes
             row["grow_events"] = st["grow_events"]
             partial = ti.field(ti.i64, shape=FLAT_THREADS)
             row["flat_read_ms"] = time_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
@@ -427,6 +430,7 @@ COLUMNS = [
     ("fill_x_dynamic", "fill x dynamic", "{:.1f}"), ("read_x_dynamic", "read x dynamic", "{:.1f}"),
     ("live_MB", "live MB", "{:.1f}"), ("reserved_MB", "reserved MB", "{:.1f}"),
     ("reserved_over_live", "reserved/live", "{:.2f}"),
+    ("device_over_live", "with scratch/live", "{:.2f}"),
     ("reuse_global_ms", "reuse global ms", "{:.3f}"), ("reuse_staged_ms", "reuse staged ms", "{:.3f}"),
 ]
 

@@ -580,10 +580,37 @@ def test_memory_reuse_100_cycles():
         launch(k_fill_mod, v, 5000)
     after = v.stats()
     for key in ("grow_events", "overflow_events", "pool_chunks_total", "pool_chunks_used", "reserved_bytes",
-                "recompile_events"):
+                "recompile_events", "scratch_bytes", "device_bytes"):
         assert after[key] == before[key], key
     assert runtime.get_num_compiled_functions() == compiled  # nothing allocated, nothing recompiled
     assert sorted_lists(v)[5] == list(range(5, 5000, 64))
+
+
+def test_scratch_is_counted_and_the_growth_buffers_are_given_back():
+    """stats() counts the work buffers a VLA keeps (scratch_bytes; device_bytes = reserved + scratch): after a
+    launch whose kernel overflowed, grew the pool through the host and ran again, and a trim, exactly the
+    launch snapshot (num_arrays + 1 i32), the prefix sum's block sums and the one-element re-layout staging,
+    i.e. the four list-sized growth buffers are given back; release_scratch() frees the rest and the VLA works
+    on (the next launch allocates its snapshot again)."""
+    n = 3000
+    v = VLA(n, ti.i32, inline_capacity=1, chunk_size=2, name="scratch")
+    launch(k_fill_mod, v, 40 * n)   # more than the pool holds: the host compacts and grows it
+    assert v.stats()["grow_events"] > 0
+    v.trim()
+    st_ = v.stats()
+    snapshot = 4 * (n + 1)
+    block_sums = v._scanner.scratch_bytes()
+    assert block_sums > 0
+    assert st_["scratch_bytes"] == snapshot + block_sums + 1 * 4
+    assert st_["device_bytes"] == st_["reserved_bytes"] + st_["scratch_bytes"]
+    for key in ("demand", "moved", "target", "new_start"):
+        assert key not in v._scratch
+    v.release_scratch()
+    assert v.stats()["scratch_bytes"] == 4   # the staging element
+    v.clear_all()
+    launch(k_fill_mod, v, 40 * n)
+    assert v.stats()["scratch_bytes"] == snapshot + 4
+    assert sorted_lists(v)[7] == list(range(7, 40 * n, n))
 
 
 def test_trim_releases_and_keeps_contents():

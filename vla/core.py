@@ -908,6 +908,7 @@ class VLA:
             self._grow_to(demand, headroom=True)
             self.grow_events = grown + 1
             _k_move_overflow_home(self)
+            self._release_transient_scratch()
         if n_ovf > ovf_cap:
             new_cap = _bucket(n_ovf * 1.1)
             self._regrow("ovf_value", self._store_dtype, new_cap)
@@ -929,6 +930,7 @@ class VLA:
         target = self._scratch_nd("target", self.num_arrays)
         _k_target_trim(self, target)
         self._relayout(target, shrink=True)
+        self._release_transient_scratch()
         if self._caps["ovf_value"] > self._default_ovf:
             self._regrow("ovf_value", self._store_dtype, self._default_ovf)
             self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf)
@@ -1027,6 +1029,7 @@ class VLA:
         lens_nd = self._scratch_nd("demand", n)
         lens_nd.from_numpy(lens.astype(np.int32))
         _k_nd_to_lengths(self, lens_nd)
+        self._release_transient_scratch()
 
     def to_lists(self):
         """Python lists (scalars), lists of numpy rows (vectors), or lists of dicts (structs)."""
@@ -1058,7 +1061,9 @@ class VLA:
         return self._n_inline + self._caps["pool_chunks"] * self.chunk_size
 
     def stats(self) -> dict:
-        """Live and reserved sizes. Reserved bytes count element storage and all metadata."""
+        """Live and reserved sizes. reserved_bytes: element storage (inline tier, pool, overflow area) and all
+        metadata (per list, per chunk, per overflow slot). scratch_bytes: the work buffers the VLA keeps for
+        reuse (scratch_bytes()); device_bytes: both, all the device memory the VLA holds."""
         live = int(_k_sum_lengths(self))
         eb = self.element_bytes
         pool_chunks = self._caps["pool_chunks"]
@@ -1068,6 +1073,7 @@ class VLA:
         ovf = self._caps["ovf_value"]
         meta = 12 * self.num_arrays + 64 + 4 * self._caps["table_owner"] + 8 * ovf
         element_reserved_bytes = (reserved_elems + ovf) * self.storage_bytes  # (padding included)
+        scratch = self.scratch_bytes()
         return {
             "arrays": self.num_arrays,
             "live_elements": live,
@@ -1076,6 +1082,8 @@ class VLA:
             "reserved_bytes": element_reserved_bytes + meta,
             "element_reserved_bytes": element_reserved_bytes,
             "metadata_bytes": meta,
+            "scratch_bytes": scratch,
+            "device_bytes": element_reserved_bytes + meta + scratch,
             "inline_elements": self._n_inline,
             "inline_capacity": self.inline_capacity,
             "chunk_size": self.chunk_size,
@@ -1151,6 +1159,29 @@ class VLA:
             self._scratch[key] = nd
         return nd
 
+    # Work buffers of the rare host-side paths (growth through the host, compaction, trim, reserve, from_csr):
+    # a list's worth of i32 each (4 bytes a list apiece; 16 for the four), given back when the operation ends,
+    # because those paths allocate and copy far more than these anyway. The others stay for reuse: launch's and
+    # Batch's snapshots (every call), lengths()/to_csr()'s and permute()'s buffers.
+    _TRANSIENT_SCRATCH = ("demand", "moved", "target", "new_start")
+
+    def _release_transient_scratch(self):
+        for key in self._TRANSIENT_SCRATCH:
+            self._scratch.pop(key, None)
+
+    def scratch_bytes(self) -> int:
+        """Bytes of the work buffers this VLA holds for reuse (the snapshots of vla.launch and Batch with
+        rollback, the buffers of lengths(), to_csr() and permute(), the prefix sum's block sums, the re-layout
+        staging), which stats() reports apart from the lists' own storage; release_scratch() frees them."""
+        total = sum(int(np.prod(nd.shape)) * _ti_core.data_type_size(nd.dtype) for nd in self._scratch.values())
+        total += self._scanner.scratch_bytes()
+        return total + self._caps["relayout_tmp"] * self.storage_bytes
+
+    def release_scratch(self):
+        """Free the work buffers scratch_bytes() counts (each is allocated again when next needed)."""
+        self._scratch.clear()
+        self._scanner.release()
+
     def _alloc(self, attr, dtype, length, replace=None):
         """Allocate field ``attr`` of ``length`` entries in tree(s) of its own; ``replace``: the trees it
         replaces, each freed just before its successor is built so that the successor takes its id.
@@ -1209,6 +1240,7 @@ class VLA:
         demand = self._scratch_nd("demand", self.num_arrays)
         demand.from_numpy(lengths_np)
         self._grow_to(demand, headroom=False)
+        self._release_transient_scratch()
 
     def _after_claims(self) -> bool:
         """After a kernel that ran claims (_k_commit, _k_claim_runs): one scalar read of their outcome; counts

@@ -110,6 +110,14 @@ class Scanner:
             self.capacity = capacity
             self.block_sum = ti.ndarray(ti.i32, shape=scan_scratch_size(capacity))
 
+    def scratch_bytes(self) -> int:
+        return 0 if self.block_sum is None else 4 * self.block_sum.shape[0]
+
+    def release(self):
+        """Free the scratch (reserve() or the next scan allocates it again)."""
+        self.capacity = -1
+        self.block_sum = None
+
     def exclusive(self, src, n: int, dst) -> None:
         """dst[0..n] = exclusive prefix sum of src[0..n-1]; dst[n] is the total. dst has n+1 items."""
         self.reserve(n)
