@@ -37,6 +37,9 @@ def init_taichi(arch: str = "cpu") -> None:
     prog = ti.lang.impl.get_runtime().prog
     if prog is not None and ti.lang.impl.current_cfg().arch == want:
         return
+    from app.frontend_cache import install
+
+    install()   # (as the simulator's runs: app.headless.init_taichi)
     ti.init(arch=want, offline_cache=True)
     if ti.lang.impl.current_cfg().arch != want:
         raise UserError(f"--arch {arch}: Taichi could not start on {arch} (no device?); use --arch cpu")
