@@ -33,12 +33,16 @@ def sign_nz(x):
 
 
 @ti.func
+def diag3(d):
+    """The 3x3 f32 matrix diag(d)."""
+    return ti.Matrix([[d[0], 0.0, 0.0], [0.0, d[1], 0.0], [0.0, 0.0, d[2]]], dt=ti.f32)
+
+
+@ti.func
 def world_inv_inertia(q, inv_inertia_body):
     """R diag(inv_inertia_body) R^T, 1/(kg m^2)."""
     R = quat_to_mat(q)
-    D = ti.Matrix([[inv_inertia_body[0], 0.0, 0.0], [0.0, inv_inertia_body[1], 0.0], [0.0, 0.0, inv_inertia_body[2]]],
-                  dt=ti.f32)
-    return R @ D @ R.transpose()
+    return R @ diag3(inv_inertia_body) @ R.transpose()
 
 
 @ti.func

@@ -30,8 +30,8 @@ per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
 import taichi as ti
 
 from app.contacts import first_copy, record_normal, skipping
-from app.integrator import kernel_integrate
-from app.math3d import contact_tangents, tangent_coords, tangent_vector, world_inv_inertia
+from app.integrator import gyroscopic_step, kernel_integrate
+from app.math3d import contact_tangents, diag3, quat_to_mat, tangent_coords, tangent_vector
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
 
@@ -139,7 +139,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         # (one loop: a thread reads only its own body here; the iterations read the other bodies' records)
         li = base + i
         n = lists.length(li)
-        d, o = sym_pack(world_inv_inertia(state.body_quat[i], model.body_inv_inertia[i]))
+        R = quat_to_mat(state.body_quat[i])
+        d, o = sym_pack(R @ diag3(model.body_inv_inertia[i]) @ R.transpose())
         bi = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i], inv_inertia_d=d, inv_inertia_o=o,
                         split=ti.cast(n, ti.f32), friction=model.material_friction[model.body_material[i]])
         solver.body[i] = pack_body(bi)
@@ -149,6 +150,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         wi = state.body_omega[i]
         if inv_m > 0.0:
             vi = vi + g * dt
+            wi = gyroscopic_step(wi, R, model.body_inv_inertia[i], dt)
         scale = fixed_scale(inv_m)
         scale_w = angular_scale(bi.inv_inertia_d)
         P_sum = ivec3(0)
