@@ -119,8 +119,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                    solver: ti.template(), contacts: ti.template(), dt: ti.f32):
     """Per body: apply gravity, the gyroscopic term (app.integrator.gyroscopic_step) and the warm-start impulses
     its contacts already carry (the narrowphase set them, and each restitution target, from last step's lists:
-    app.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase appended them (any order gives the same
-    motion: see FIXED_ONE).
+    app.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
+    appended them (any order gives the same motion: see FIXED_ONE).
 
     Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
     (see JacobiSolver.step).
