@@ -17,8 +17,10 @@ from app.scene import SHAPE_SPHERE, Scene, body_bounding_radius
 vec3 = ti.types.vector(3, ti.f32)
 vec4 = ti.types.vector(4, ti.f32)
 
-# Container walls generate contacts only for bodies at most this many bounding radii behind the wall
-# plane: a body that left the container over the top is not dragged back through the wall.
+# Container walls generate contacts only for bodies at most this many (largest) bounding radii behind the wall
+# plane, and each body only while its centre is less than half its own bounding radius behind it
+# (app.narrowphase.plane_accepts): a body that left the container over the top is not dragged back through the
+# wall.
 WALL_THICKNESS_RADII = 4.0
 NO_CLIP = 3.0e38
 

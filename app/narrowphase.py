@@ -24,6 +24,7 @@ from vla.scan import exclusive_scan
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
 from app.contacts import SECOND_COPY, ContactRecord, copy_normal
+from app.model import NO_CLIP
 from app.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 
@@ -91,9 +92,19 @@ def manifold_add(m: ti.template(), point, depth, feature):
 
 
 @ti.func
-def plane_accepts(model: ti.template(), k, point, depth):
-    """Container walls: only points below the top, and not from behind the wall's thickness."""
-    return (depth <= model.plane_thickness[k]) and (model.plane_clip_normal[k].dot(point) <= model.plane_clip_offset[k])
+def plane_accepts(model: ti.template(), k, point, depth, centre_behind, radius):
+    """Container walls: only points below the top and not deeper than the wall's thickness, and only while the
+    body's centre is less than half its bounding radius `radius` behind the wall plane (centre_behind m,
+    positive behind). A body whose centre is further behind came from outside, over the top: it is left
+    there rather than pushed back in through the wall (the thickness alone, 4 of the largest bounding radii, let
+    a body that came down just outside a wall be pushed in through it: default.yaml, 370 mm "deep"). From inside,
+    a centre crosses the plane only after a penetration deeper than the body's radius, far more than a body
+    moves in a step. Planes that are not walls (floors, ramps) have no thickness: what sinks into them is always
+    pushed out."""
+    ok = (depth <= model.plane_thickness[k]) and (model.plane_clip_normal[k].dot(point) <= model.plane_clip_offset[k])
+    if model.plane_thickness[k] < NO_CLIP:
+        ok = ok and centre_behind < 0.5 * radius
+    return ok
 
 
 @ti.func
@@ -103,7 +114,7 @@ def collide_sphere_plane(model: ti.template(), c, r, k, margin):
     m.normal = n
     depth = model.plane_offset[k] - n.dot(c) + r
     point = c - n * (r - 0.5 * depth)
-    if depth > -margin and plane_accepts(model, k, point, depth):
+    if depth > -margin and plane_accepts(model, k, point, depth, depth - r, r):
         manifold_add(m, point, depth, 0)
     return m
 
@@ -115,12 +126,14 @@ def collide_box_plane(model: ti.template(), p, R, h, k, margin):
     n = model.plane_normal[k]
     m.normal = n
     off = model.plane_offset[k]
+    behind = off - n.dot(p)
+    radius = h.norm()
     depths = ti.Vector.zero(ti.f32, 8)
     for c in ti.static(range(8)):
         s = vec3(1.0 if c & 1 else -1.0, 1.0 if c & 2 else -1.0, 1.0 if c & 4 else -1.0)
         corner = p + R @ (s * h)
         d = off - n.dot(corner)
-        ok = d > -margin and plane_accepts(model, k, corner + 0.5 * d * n, d)
+        ok = d > -margin and plane_accepts(model, k, corner + 0.5 * d * n, d, behind, radius)
         depths[c] = d if ok else -1e30
     for _ in range(4):
         best = -1

@@ -314,3 +314,20 @@ def test_intermediate_axis_spin_tumbles_on_time(sim):
     assert len(expect) == 2 and len(got) == len(expect), (got, expect)
     for t_got, t_exact in zip(got, expect):
         assert abs(t_got - t_exact) < GYRO_FLIP_REL_TOL * t_exact, (got, expect)
+
+
+def test_container_walls_leave_outside_bodies_outside(sim):
+    """A body that came down just outside a container wall, below its top (a sphere and a box, centres 0.15 m
+    behind the wall plane, inside the wall's 4-bounding-radii thickness), stays outside and lands on the floor
+    there; until session 21 the wall pushed both in through it. A sphere thrown at the same wall from inside
+    at 12 m/s (2.4 cm a step) still stays inside."""
+    r, h = 0.1, 0.08
+    container = {"type": "container", "size": [2, 1, 2], "material": "m"}   # walls at x, z = +-1, top at y = 1
+    sim.load(scene_from_dict(_scene([_sphere(r, [1.15, 0.9, 0]), _box([h, h, h], [-1.15, 0.9, 0]),
+                                     _sphere(r, [0.5, 0.5, 0.3], velocity=[12, 0, 0])], [container])))
+    _run(sim, 0.8)
+    x = sim.positions()
+    assert x[0, 0] > 1.0 + 0.5 * r and abs(x[0, 1] - r) < 0.01, x[0]      # outside, on the floor
+    assert x[1, 0] < -1.0 - 0.5 * h and abs(x[1, 1] - h) < 0.01, x[1]
+    assert x[2, 0] < 1.0 - 0.5 * r, x[2]                                   # bounced, still inside
+
