@@ -51,11 +51,12 @@ def gyroscopic_step(w, R, inv_inertia_body, dt):
     d = inv_inertia_body
     if d.min() > 0.0 and not (d[0] == d[1] and d[1] == d[2]):
         inertia = 1.0 / d
+        I = diag3(inertia)
         wb = R.transpose() @ w
         Iw = inertia * wb
         residual = dt * wb.cross(Iw)   # of I (wb' - wb) + dt wb' x I wb' = 0 at wb' = wb
         # its Jacobian: I + dt (skew(wb) I - skew(I wb))
-        J = diag3(inertia) + dt * (_skew(wb) @ diag3(inertia) - _skew(Iw))
+        J = I + dt * (_skew(wb) @ I - _skew(Iw))
         out = R @ (wb - J.inverse() @ residual)
     return out
 

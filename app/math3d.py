@@ -39,9 +39,8 @@ def diag3(d):
 
 
 @ti.func
-def world_inv_inertia(q, inv_inertia_body):
-    """R diag(inv_inertia_body) R^T, 1/(kg m^2)."""
-    R = quat_to_mat(q)
+def world_inv_inertia(R, inv_inertia_body):
+    """R diag(inv_inertia_body) R^T, 1/(kg m^2), for the body orientation R (quat_to_mat)."""
     return R @ diag3(inv_inertia_body) @ R.transpose()
 
 

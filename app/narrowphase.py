@@ -24,9 +24,9 @@ from vla.scan import exclusive_scan
 from app.atomics import atomic_max_rare
 from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
 from app.contacts import SECOND_COPY, ContactRecord, copy_normal
-from app.model import NO_CLIP
 from app.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
+from app.model import NO_CLIP
 
 vec3 = ti.types.vector(3, ti.f32)
 

@@ -31,7 +31,7 @@ import taichi as ti
 
 from app.contacts import first_copy, record_normal, skipping
 from app.integrator import gyroscopic_step, kernel_integrate
-from app.math3d import contact_tangents, diag3, quat_to_mat, tangent_coords, tangent_vector
+from app.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
 from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
                              unpack_motion)
 
@@ -140,7 +140,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         li = base + i
         n = lists.length(li)
         R = quat_to_mat(state.body_quat[i])
-        d, o = sym_pack(R @ diag3(model.body_inv_inertia[i]) @ R.transpose())
+        d, o = sym_pack(world_inv_inertia(R, model.body_inv_inertia[i]))
         bi = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i], inv_inertia_d=d, inv_inertia_o=o,
                         split=ti.cast(n, ti.f32), friction=model.material_friction[model.body_material[i]])
         solver.body[i] = pack_body(bi)

@@ -1173,7 +1173,7 @@ def test_pair_contact_copies_hold_opposite_impulses_bit_for_bit(sim):
 def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
     # SolverBody keeps the world inverse inertia R diag(I^-1) R^T as 6 numbers: sym_mul(sym_pack(M), x) must
     # equal M @ x for the matrices world_inv_inertia builds (random orientations and box inertias).
-    from app.math3d import world_inv_inertia
+    from app.math3d import quat_to_mat, world_inv_inertia
     from app.solver import sym_mul, sym_pack
 
     rng = np.random.default_rng(5)
@@ -1186,7 +1186,7 @@ def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
     @ti.kernel
     def apply(q: ti.types.ndarray(), inv_i: ti.types.ndarray(), x: ti.types.ndarray(), out: ti.types.ndarray()):
         for k in range(64):
-            M = world_inv_inertia(ti.Vector([q[k, 0], q[k, 1], q[k, 2], q[k, 3]]),
+            M = world_inv_inertia(quat_to_mat(ti.Vector([q[k, 0], q[k, 1], q[k, 2], q[k, 3]])),
                                   ti.Vector([inv_i[k, 0], inv_i[k, 1], inv_i[k, 2]]))
             v = ti.Vector([x[k, 0], x[k, 1], x[k, 2]])
             d, o = sym_pack(M)
