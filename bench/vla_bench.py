@@ -1,6 +1,10 @@
 """VLA against Taichi's `dynamic` SNode and a padded dense array, on the same workloads, in one run.
 
-    python run.py bench vla [--arch auto|cpu|cuda] [--small] [--out DIR] [--dists heavy,uniform16,uniform1024]
+    python run.py bench vla [--arch auto|cpu|cuda] [--small | --full] [--out DIR] [--dists heavy,uniform16,uniform1024]
+                            [--stores padded,dynamic,vla]
+
+Stores: the padded array, the dynamic SNode, VLAs at fixed parameters, the VLA tuned by VLA.tune (runs="bump")
+and tuned for runs="ordered" (runs in list order: less metadata, growth re-lays the pool out).
 
 Workloads (one thread per list, as the issue specifies):
   fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
@@ -9,7 +13,7 @@ Workloads (one thread per list, as the issue specifies):
   flat read     VLA only: load-balanced flat iteration over every live element (v.flat_index/flat_value)
   reuse         one block per list, every thread reads the whole list (tier-3 shared staging vs global)
 Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), uniform 0-16,
-uniform 0-1024. All stores must give identical per-list sums (checked every run).
+uniform 0-1024. Every store's per-list sums are checked against numpy's, every run.
 """
 import argparse
 
@@ -272,7 +276,10 @@ def _with_unroll(v, unroll):
     return v
 
 
-def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=()):
+STORE_KINDS = ("padded", "dynamic", "vla")
+
+
+def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=(), kinds=STORE_KINDS):
     from vla import VLA, launch
 
     lens_np, max_len = make_lengths(dist, n, rng)
@@ -282,17 +289,19 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
     lens.from_numpy(lens_np)
     out = ti.field(ti.i32, shape=n)
     rows = []
-    reference = None
+    # every list's sum of k_fill's values, computed apart from any store
+    owner = np.repeat(np.arange(n, dtype=np.int64), lens_np)
+    k_of = np.arange(owner.size, dtype=np.int64) - np.repeat(np.cumsum(lens_np, dtype=np.int64) - lens_np, lens_np)
+    reference = np.bincount(owner, weights=(owner * 7 + k_of) % 1000, minlength=n).astype(np.int64)
 
     def check(name):
-        nonlocal reference
         got = out.to_numpy()
-        if reference is None:
-            reference = got
-        elif not np.array_equal(got, reference):
-            raise AssertionError(f"{dist}: {name} read different sums than the first store")
+        if not np.array_equal(got.astype(np.int64), reference):
+            raise AssertionError(f"{dist}: {name} read sums that differ from k_fill's")
 
     tuned = VLA.tune(lens_np)
+    # the same choice for the VLA whose runs are kept in list order (8 bytes a list, nothing per chunk)
+    tuned_o = VLA.tune(lens_np, runs="ordered")
     stores = [
         ("padded", lambda: PaddedArrays(n, max_len)),
         ("padded (head 8)", lambda: PaddedArrays(n, max_len, warp_head=8)),   # differs in reduce_warp() only
@@ -302,12 +311,16 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
         (f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']})",
          lambda: VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"], chunk_size=tuned["chunk_size"],
                      name="bench")),
+        (f"vla tuned ordered ({tuned_o['inline_capacity']},{tuned_o['chunk_size']})",
+         lambda: VLA(n, ti.i32, inline_capacity=tuned_o["inline_capacity"], chunk_size=tuned_o["chunk_size"],
+                     runs="ordered", name="bench")),
     ]
     for unroll in reduce_unrolls:
         # the same tuned VLA with reduce() keeping `unroll` pool loads in flight (get() loop and fill unchanged)
         stores.append((f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']}) reduce x{unroll}",
                        lambda u=unroll: _with_unroll(VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"],
                                                          chunk_size=tuned["chunk_size"], name="bench"), u)))
+    stores = [(name, make) for name, make in stores if name.split(" ")[0] in kinds]
     for name, make in stores:
         s = make()
         row = {"dist": dist, "store": name, "arrays": n, "elements": int(lens_np.sum()), "live_MB": live_bytes / 1e6}
@@ -358,7 +371,7 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             if kernel_times:
                 row["flat_read_kms"] = kernel_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
                 row["flat_read_kGBps"] = (live_bytes / 1e9) / (row["flat_read_kms"] / 1e3)
-            if int(partial.to_numpy().sum()) != int(reference.astype(np.int64).sum()):
+            if int(partial.to_numpy().sum()) != int(reference.sum()):
                 raise AssertionError(f"{dist}: {name} flat read sum differs")
             row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
             if reuse and dist != "uniform1024" and " reduce x" not in name:
@@ -376,6 +389,8 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
     # Ratios against both baselines, per distribution.
     base = {r["store"]: r for r in rows}
     for r in rows:
+        if "padded" not in base or "dynamic" not in base:
+            continue
         for b in ("padded", "dynamic"):
             for op in ("fill", "read"):
                 r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
@@ -440,6 +455,10 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--small", action="store_true", help="CPU-sized lists (default on the CPU)")
+    p.add_argument("--stores", default=",".join(STORE_KINDS),
+                   help="comma list of the stores to run (ratios need padded and dynamic)")
+    p.add_argument("--full", action="store_true",
+                   help="the GPU's sizes on the CPU too (slow; the byte counts do not depend on the device)")
     p.add_argument("--out", default=None, help="directory for vla_bench.json / vla_bench.md")
     p.add_argument("--dists", default="heavy,uniform16,uniform1024")
     p.add_argument("--repeats", type=int, default=None)
@@ -459,17 +478,21 @@ def main(argv=None):
         unrolls = [int(u) for u in args.reduce_unrolls.split(",") if u.strip()]
     except ValueError:
         raise UserError(f"--reduce-unrolls: expected a comma list of positive ints, got {args.reduce_unrolls!r}") from None
+    kinds = [k for k in args.stores.split(",") if k]
+    for k in kinds:
+        if k not in STORE_KINDS:
+            raise UserError(f"--stores: unknown store {k!r}; expected some of {', '.join(STORE_KINDS)}")
     if any(u < 1 for u in unrolls):
         raise UserError(f"--reduce-unrolls: expected positive ints, got {args.reduce_unrolls!r}")
     arch = init_taichi(args.arch, kernel_profiler=args.kernel_times)
-    small = args.small or arch == "cpu"
+    small = args.small or (arch == "cpu" and not args.full)
     sizes = SMALL_SIZES if small else DEFAULT_SIZES
     repeats = args.repeats or (5 if small else 20)
     rng = np.random.default_rng(args.seed)
     rows, tuned = [], {}
     for d in dists:
         r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times,
-                                  reduce_unrolls=unrolls)
+                                  reduce_unrolls=unrolls, kinds=kinds)
         rows += r
         tuned[d] = t
     bw, kbw = copy_bandwidth_GBps(repeats, small, args.kernel_times)

@@ -538,11 +538,12 @@ def k_subset_walk(v: ti.template(), a: ti.i32, b: ti.i32, caps: _i32_nd, flat_su
     return v.flat_size()
 
 
-def test_capacity_and_flat_walk_of_a_list_subset_before_commit():
+@pytest.mark.parametrize("runs", ["bump", "ordered"])
+def test_capacity_and_flat_walk_of_a_list_subset_before_commit(runs):
     # capacity(i): whole chunks beyond the inline part, at least the committed length; the inline slots of
     # lists a..b-1 plus the pool's slots hold exactly their readable elements (k < capacity), which get()
     # also reads before the commit; the rest are pending. slot_capacity bounds flat_size() from the host.
-    v = VLA(6, ti.i32, inline_capacity=2, chunk_size=4, overflow_capacity=1000, name="subset")
+    v = VLA(6, ti.i32, inline_capacity=2, chunk_size=4, overflow_capacity=1000, runs=runs, name="subset")
     lengths = [0, 3, 9, 2, 14, 5]
     ref = [list(range(100 * i, 100 * i + n)) for i, n in enumerate(lengths)]
     v.from_csr(np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([np.array(r, np.int32) for r in ref]))
@@ -829,6 +830,63 @@ def test_tune_minimises_reserved_bytes():
     assert words["live_bytes"] == aos["live_bytes"] == 20 * heavy.sum()
 
 
+def _heavy_lengths(n, seed):
+    """Contact-like list lengths: most 0-8, one list in 500 long (up to 1024)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 9, n)
+    long_ = rng.random(n) < 0.002
+    lens[long_] = rng.integers(9, 1025, long_.sum())
+    return lens
+
+
+def test_ordered_runs_keep_8_bytes_a_list_and_find_every_chunks_list():
+    # runs="ordered": the reserved bytes are the elements' slots plus 8 bytes a list and 4 per 64 chunks
+    # (what tune() predicts, to the byte, apart from the overflow area and a few constants), which for a
+    # contact-like histogram is under 1.5x live where runs="bump" (12 a list, 4 a chunk) needs more at its
+    # own best parameters. The flat walk's chunk -> list search (across many 64-chunk hint blocks) finds
+    # every element, also after lists grew through a re-layout.
+    lens = _heavy_lengths(6000, 7)
+    t = VLA.tune(lens, runs="ordered")
+    tb = VLA.tune(lens)
+    assert t["ratio"] < 1.5 < tb["ratio"]
+    v = VLA(lens.size, ti.i32, inline_capacity=t["inline_capacity"], chunk_size=t["chunk_size"], runs="ordered",
+            overflow_capacity=64, name="ordered")
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    vals = np.arange(offsets[-1], dtype=np.int32)
+    v.from_csr(offsets, vals)
+    v.trim()
+    st_ = v.stats()
+    assert st_["runs"] == "ordered" and st_["pool_chunks_holes"] == 0
+    cs, ic = t["chunk_size"], t["inline_capacity"]
+    chunks = sum(-(-max(0, l - ic) // cs) for l in lens)
+    assert st_["pool_chunks_total"] == chunks > 64 * 20
+    hint = (chunks >> 6) + 2
+    assert st_["metadata_bytes"] == 8 * lens.size + 4 + 64 + 4 * hint + 8 * 64
+    assert st_["element_reserved_bytes"] == 4 * (lens.size * ic + chunks * cs + 64)
+    # tune's model, plus the overflow area (64 slots: 4 + 8 bytes each), the hint's rounding and 68 bytes of scalars
+    assert abs(st_["reserved_bytes"] - (t["reserved_bytes"] + 12 * 64 + 68 + 4 * hint - chunks / 16)) < 1
+    np.testing.assert_array_equal(v.to_csr()[1], vals)
+    out = ti.ndarray(ti.i32, lens.size)
+    out.fill(0)
+    k_flat_sum(v, out)
+    list_of = np.repeat(np.arange(lens.size), lens)
+    np.testing.assert_array_equal(out.to_numpy(), np.bincount(list_of, weights=vals, minlength=lens.size))
+    # grow one list in ten by 1-40 elements through launch: a re-layout; every element kept, in place
+    rng = np.random.default_rng(8)
+    grown = np.flatnonzero(rng.random(lens.size) < 0.1)
+    owner = np.repeat(grown, rng.integers(1, 41, grown.size)).astype(np.int32)
+    extra = np.arange(10**6, 10**6 + owner.size, dtype=np.int32)
+    grows = v.stats()["grow_events"]
+    launch(k_append_pairs, v, owner, extra, owner.size)
+    assert v.stats()["grow_events"] > grows
+    ref = [vals[offsets[i]:offsets[i + 1]].tolist() for i in range(lens.size)]
+    for i, x in zip(owner, extra):
+        ref[i].append(int(x))
+    assert sorted_lists(v) == [sorted(r) for r in ref]
+    with pytest.raises(ValueError, match="runs='bump'"):
+        v.permute(_order_field([1, 0]), 0, 2)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_arrays"):
@@ -855,6 +913,10 @@ def test_bad_arguments():
         VLA(4, "int")
     with pytest.raises(ValueError, match="reserve"):
         VLA(4, ti.i32, reserve=-1)
+    with pytest.raises(ValueError, match="runs must be 'bump' or 'ordered'"):
+        VLA(4, ti.i32, runs="sorted")
+    with pytest.raises(ValueError, match="runs must be 'bump' or 'ordered'"):
+        VLA.tune([1, 2], runs="sorted")
 
 
 def test_from_csr_validation():
@@ -1012,8 +1074,9 @@ _PROP = {}
 
 def _prop_vla(config):
     if config not in _PROP:
-        ic, cs = config
-        _PROP[config] = VLA(6, ti.i32, inline_capacity=ic, chunk_size=cs, overflow_capacity=4, name=f"prop{config}")
+        ic, cs, runs = config
+        _PROP[config] = VLA(6, ti.i32, inline_capacity=ic, chunk_size=cs, overflow_capacity=4, runs=runs,
+                            name=f"prop{config}")
     return _PROP[config]
 
 
@@ -1049,7 +1112,8 @@ def _order_field(order):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(config=st.sampled_from([(0, 1), (1, 2), (4, 4)]), ops=st.lists(op, max_size=12))
+@given(config=st.sampled_from([(0, 1, "bump"), (1, 2, "bump"), (4, 4, "bump"), (0, 1, "ordered"),
+                               (1, 2, "ordered"), (4, 4, "ordered")]), ops=st.lists(op, max_size=12))
 def test_random_operation_sequences_match_list_reference(config, ops):
     v = _prop_vla(config)
     v.from_csr(np.zeros(7, np.int64), np.zeros(0, np.int32))
@@ -1130,8 +1194,12 @@ def test_random_operation_sequences_match_list_reference(config, ops):
         elif kind == "permute":
             first, perm = o[1], o[2]
             order = [x for x in perm if x < 6 - first]   # a permutation of 0..count-1
-            ref = ref[:first] + [ref[first + x] for x in order]
-            v.permute(_order_field(order), first, 6 - first)
+            if v.runs == "ordered":
+                with pytest.raises(ValueError, match="runs='bump'"):
+                    v.permute(_order_field(order), first, 6 - first)
+            else:
+                ref = ref[:first] + [ref[first + x] for x in order]
+                v.permute(_order_field(order), first, 6 - first)
         got = v.to_lists()
         assert [sorted(l) for l in got] == [sorted(l) for l in ref], f"after {kind}"
         assert v.lengths().tolist() == [len(l) for l in ref]

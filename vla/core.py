@@ -32,6 +32,11 @@ If even the overflow area was too small, ``commit`` grows everything to the dema
 :class:`VLAOverflowError`; :func:`vla.launch` catches that, rolls the lengths back and runs the kernel
 again, so a caller that uses ``launch`` never loses an element.
 
+With ``runs="ordered"`` the runs lie in list order instead (a list's run ends where the next one's starts),
+which drops the per-list run length and the per-chunk owner table (8 bytes a list and 4 per 64 chunks of
+metadata instead of 12 and 4 a chunk) at the price of growth: any list that grows re-lays out the whole pool,
+on the host's side of commit.
+
 Capacity is memoised: ``clear`` sets a length to 0 and keeps the chunks, so refilling allocates
 nothing. :meth:`VLA.trim` compacts the pool and releases what the current lengths do not need.
 
@@ -65,6 +70,9 @@ _I32_MAX = 2**31 - 1
 # pool 1.2x larger (contact memory 0.64x padded instead of ~0.56x) for no measurable speed (25.4 vs 25.5 ms).
 _POOL_HEADROOM = 1.1
 _POOL_STEPS_PER_OCTAVE = 8
+# runs="ordered": table_owner holds the owner of every 2^_HINT_SHIFT-th chunk only (a search hint for
+# flat_index), 4 bytes per 64 chunks instead of 4 per chunk.
+_HINT_SHIFT = 6
 _nd = ti.types.ndarray()
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
@@ -164,9 +172,15 @@ def _k_clear_all(v: ti.template()):
 
 
 @ti.kernel
-def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd):
+def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd) -> ti.i32:
+    """moved[i]: the chunks list i must grow to (0: it has room); returns how many lists must grow."""
+    grow = 0
     for i in range(v.num_arrays):
-        moved[i] = v._grow_target(i, demand[i], headroom)
+        m = v._grow_target(i, demand[i], headroom)
+        moved[i] = m
+        if m > 0:
+            grow += 1
+    return grow
 
 
 @ti.func
@@ -238,14 +252,20 @@ def _k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slo
     the overflow area holds (then nothing is claimed), every list keeps only the elements in its own storage
     (length clamped to capacity(i): each element it then shows is one that was appended) and the overflow area
     empties. status[slot] = 0 when every append is home, else the number of appends that overflowed, and then
-    failed_at[None] (a 0-d i32 field) = min(itself, tag). The bump is repaired as VLA._after_claims does."""
+    failed_at[None] (a 0-d i32 field) = min(itself, tag). The bump is repaired as VLA._after_claims does.
+    With runs="ordered" a list can grow only through a re-layout of the whole pool, on the host: any overflow
+    is then a failure, handled as a full pool."""
     v._scalars[6] = v._scalars[0]
     _claims_begin(v)
-    for i in range(v.num_arrays):
-        if v._scalars[6] > 0 and v._scalars[6] <= v._scalars[1]:
-            m = v._grow_target(i, v.length_field[i], 1)
-            if m > 0:
-                _claim_run(v, i, m, pool_chunks)
+    if ti.static(v.runs == "ordered"):
+        if v._scalars[6] > 0:
+            v._scalars[4] = 1
+    else:
+        for i in range(v.num_arrays):
+            if v._scalars[6] > 0 and v._scalars[6] <= v._scalars[1]:
+                m = v._grow_target(i, v.length_field[i], 1)
+                if m > 0:
+                    _claim_run(v, i, m, pool_chunks)
     for o in range(ti.min(v._scalars[6], v._scalars[1])):
         if v._scalars[6] <= v._scalars[1]:
             meta = v.ovf_meta[o]
@@ -266,7 +286,8 @@ def _k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slo
     if v._scalars[5] > 0:
         v._scalars[9] += 1
     if v._scalars[4] > 0:
-        v._scalars[2] = pool_chunks
+        if ti.static(v.runs != "ordered"):  # (ordered: nothing was claimed, the bump is the runs' end)
+            v._scalars[2] = pool_chunks
         v._scalars[4] = 0
     v._scalars[0] = 0
     v._scalars[7] = 0
@@ -285,13 +306,13 @@ def _k_claim_runs(v: ti.template(), moved: _i32_nd, pool_chunks: ti.i32):
 @ti.kernel
 def _k_target_trim(v: ti.template(), target: _i32_nd):
     for i in range(v.num_arrays):
-        target[i] = ti.min(v.table_chunks[i], v._chunks_for(v.length_field[i]))
+        target[i] = ti.min(v._chunks_of(i), v._chunks_for(v.length_field[i]))
 
 
 @ti.kernel
 def _k_target_keep(v: ti.template(), moved: _i32_nd, target: _i32_nd):
     for i in range(v.num_arrays):
-        target[i] = ti.max(moved[i], v.table_chunks[i])
+        target[i] = ti.max(moved[i], v._chunks_of(i))
 
 
 @ti.kernel
@@ -299,7 +320,7 @@ def _k_relayout_to_tmp(v: ti.template(), n_old: ti.i32, target: _i32_nd, new_sta
     """Copy every list's first target[i] chunks to their place in the compacted layout (list order),
     whole elements at a time: one kernel whatever the dtype, so a growth compiles nothing new."""
     for t, j in ti.ndrange(n_old, v.chunk_size):
-        o = v.table_owner[t]
+        o = v._owner_of_chunk(t)
         if o >= 0:
             r = t - v.table_start[o]
             if r < target[o]:
@@ -321,14 +342,28 @@ def _k_tmp_to_store(v: ti.template(), tmp_begin: ti.i32, store_begin: ti.i32, n:
 
 @ti.kernel
 def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, total: ti.i32, cap: ti.i32):
-    for i in range(v.num_arrays):
-        s = new_start[i]
-        for c in range(target[i]):
-            v.table_owner[s + c] = i
-        v.table_start[i] = s
-        v.table_chunks[i] = target[i]
-    for c in range(total, cap):
-        v.table_owner[c] = -1
+    if ti.static(v.runs == "ordered"):
+        # runs in list order: the run starts are the whole table (list i's chunk count is the gap to the
+        # next start; new_start[n] = total closes the last), and table_owner the owner of every 64th chunk.
+        for i in range(v.num_arrays + 1):
+            v.table_start[i] = new_start[i]
+        for b in range((cap >> _HINT_SHIFT) + 2):
+            v.table_owner[b] = v.num_arrays - 1
+        for i in range(v.num_arrays):
+            s = new_start[i]
+            b = (s + (1 << _HINT_SHIFT) - 1) >> _HINT_SHIFT
+            while (b << _HINT_SHIFT) < s + target[i]:
+                v.table_owner[b] = i
+                b += 1
+    else:
+        for i in range(v.num_arrays):
+            s = new_start[i]
+            for c in range(target[i]):
+                v.table_owner[s + c] = i
+            v.table_start[i] = s
+            v.table_chunks[i] = target[i]
+        for c in range(total, cap):
+            v.table_owner[c] = -1
     v._scalars[3] = 0
 
 
@@ -433,6 +468,16 @@ class VLA:
             struct one scalar at a time, so this halves the load instructions of a record. set_member of a
             member that shares a word with another member reads and rewrites that word, so two threads must
             not set members of one element at once (with "soa"/"aos" they may, if the members differ).
+        runs: how the lists' chunk runs are kept. ``"bump"`` (default): a list that outgrows its run takes a
+            new one at the pool's end on the device, in the commit (cost: its own elements; its old run is
+            a hole until the next compaction); metadata 12 bytes a list (length, run start, run length) and
+            4 a chunk (its owner, for flat_index). ``"ordered"``: the runs lie in list order, so a list's run
+            ends where the next list's starts: metadata 8 bytes a list (length, run start) and 4 per 64
+            chunks (a search hint for flat_index, which then finds a chunk's list by a binary search over
+            the run starts, a few steps inside the hint's range). The price is growth: any list that outgrows
+            its run re-lays the whole pool out, on the host's side of commit (Batch's device commit
+            reports it as a failure), and permute() is not available. For lists whose lengths settle after
+            a first fill (memoised capacity), where memory counts most.
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
@@ -443,7 +488,7 @@ class VLA:
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
-                 overflow_capacity=None, layout="soa", name="vla"):
+                 overflow_capacity=None, layout="soa", runs="bump", name="vla"):
         for arg, val, low in (("num_arrays", num_arrays, 1), ("inline_capacity", inline_capacity, 0),
                               ("chunk_size", chunk_size, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
@@ -455,6 +500,8 @@ class VLA:
         _check_dtype(dtype)
         if layout not in ("soa", "aos", "words"):
             raise ValueError(f"VLA layout must be 'soa', 'aos' or 'words', got {layout!r}")
+        if runs not in ("bump", "ordered"):
+            raise ValueError(f"VLA runs must be 'bump' or 'ordered', got {runs!r}")
         if overflow_capacity is not None and (not isinstance(overflow_capacity, (int, np.integer))
                                               or overflow_capacity < 1):
             raise ValueError(f"VLA overflow_capacity must be a positive int, got {overflow_capacity!r}")
@@ -470,6 +517,7 @@ class VLA:
         self.num_arrays = int(num_arrays)
         self.dtype = dtype
         self.layout = layout
+        self.runs = runs
         self.inline_capacity = int(inline_capacity)
         self.chunk_size = int(chunk_size)
         self._chunk_shift = int(chunk_size).bit_length() - 1
@@ -483,11 +531,13 @@ class VLA:
 
         n = self.num_arrays
         self._n_inline = self.inline_capacity * n
-        # Fixed part: never reallocated. table_start[i], table_chunks[i]: list i's run of pool chunks.
+        # Fixed part: never reallocated. table_start[i], table_chunks[i]: list i's run of pool chunks
+        # (runs="ordered": no table_chunks; table_start has a closing entry [n], the end of the last run).
+        ordered = runs == "ordered"
         fb = ti.FieldsBuilder()
         self.length_field = ti.field(ti.i32)
         self.table_start = ti.field(ti.i32)
-        self.table_chunks = ti.field(ti.i32)
+        self.table_chunks = None if ordered else ti.field(ti.i32)
         # [0] overflow count, [1] overflow capacity, [2] chunks handed out (bump), [3] chunks in holes,
         # [4] lists that found the pool full (until the host repairs the bump), [5] lists moved by the last
         # claiming kernel, [6] the overflow count the last device commit saw, [7] the claims' outcome
@@ -495,8 +545,9 @@ class VLA:
         # into stats()'s overflow_events / grow_events)
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
-        fb.dense(ti.i, n).place(self.table_start)
-        fb.dense(ti.i, n).place(self.table_chunks)
+        fb.dense(ti.i, n + 1 if ordered else n).place(self.table_start)
+        if not ordered:
+            fb.dense(ti.i, n).place(self.table_chunks)
         fb.dense(ti.i, 16).place(self._scalars)
         self._fixed_tree = fb.finalize()
 
@@ -527,7 +578,7 @@ class VLA:
         pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
         self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
-        self._alloc("table_owner", ti.i32, pool_chunks)
+        self._alloc("table_owner", ti.i32, self._owner_len(pool_chunks))
         self.table_owner.fill(-1)
         ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
@@ -551,7 +602,7 @@ class VLA:
         # The chunk-table entry is loaded before the atomic so its latency overlaps the atomic's: on a GPU
         # a thread appending many elements is bound by this dependency chain, not by bandwidth.
         t_start = self.table_start[i]
-        t_chunks = self.table_chunks[i]
+        t_chunks = self._chunks_of(i)
         slot = ti.atomic_add(self.length_field[i], 1)
         if slot < self.inline_capacity + (t_chunks << self._chunk_shift):
             self._put(self._addr_at(i, slot, t_start), x)
@@ -718,7 +769,7 @@ class VLA:
         """Elements list i holds in its own storage (inline + its chunks). Appends at index >= capacity(i)
         wait in the overflow area until commit() (pending_*); below it, get(i, k) is valid even before a
         commit, which lets a kernel read what an earlier kernel of the same vla.launch appended."""
-        return self.inline_capacity + (self.table_chunks[i] << self._chunk_shift)
+        return self.inline_capacity + (self._chunks_of(i) << self._chunk_shift)
 
     @ti.func
     def flat_inline_begin(self, i):
@@ -755,7 +806,7 @@ class VLA:
         else:
             q = e - self._n_inline
             t = q >> self._chunk_shift
-            o = self.table_owner[t]
+            o = self._owner_of_chunk(t)
             if o >= 0:
                 kk = self.inline_capacity + ((t - self.table_start[o]) << self._chunk_shift) + (q & (self.chunk_size - 1))
                 if kk < self.length_field[o]:
@@ -863,11 +914,42 @@ class VLA:
         a list that grows is moved on the device without a host round trip (_k_commit)."""
         need = self._chunks_for(demand)
         m = 0
-        if need > self.table_chunks[i]:
+        if need > self._chunks_of(i):
             m = need
             if headroom:
                 m = need + need // 4
         return m
+
+    @ti.func
+    def _chunks_of(self, i):
+        """Chunks in list i's run."""
+        c = 0
+        if ti.static(self.runs == "ordered"):
+            c = self.table_start[i + 1] - self.table_start[i]
+        else:
+            c = self.table_chunks[i]
+        return c
+
+    @ti.func
+    def _owner_of_chunk(self, t):
+        """The list whose run holds chunk t (t below the bump), or -1 (bump: a hole). runs="ordered": the
+        last list whose run starts at or before t (lists with empty runs share their start with the next
+        list, so the last one is the owner), searched between the owners of the 64-chunk blocks around t."""
+        o = -1
+        if ti.static(self.runs == "ordered"):
+            b = t >> _HINT_SHIFT
+            lo = self.table_owner[b]
+            hi = self.table_owner[b + 1]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if self.table_start[mid] <= t:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            o = lo
+        else:
+            o = self.table_owner[t]
+        return o
 
     @ti.func
     def _addr_at(self, i, k, t_start):
@@ -896,17 +978,15 @@ class VLA:
         if n_ovf == 0:
             return
         ovf_cap = self._caps["ovf_value"]
-        # One launch and one scalar read: lists grow at the pool's end on the device, then the parked
-        # elements move home (and the overflow area empties) unless some list found the pool full.
-        _k_commit(self, self._caps["pool_chunks"])
         self.overflow_events += 1
-        grown = self.grow_events
-        if not self._after_claims():
+        # bump: one launch and one scalar read; lists grow at the pool's end on the device, then the parked
+        # elements move home (and the overflow area empties) unless some list found the pool full.
+        # ordered: a list grows only through a re-layout of the pool, on the host's side.
+        if self.runs == "ordered" or not self._commit_on_device():
             # The pool was full: compact and grow it on the host's side, then move the parked elements home.
             demand = self._scratch_nd("demand", self.num_arrays)
             _k_lengths_to_nd(self, demand)
-            self._grow_to(demand, headroom=True)
-            self.grow_events = grown + 1
+            self._grow_to(demand, headroom=True)  # (counts the growth)
             _k_move_overflow_home(self)
             self._release_transient_scratch()
         if n_ovf > ovf_cap:
@@ -919,6 +999,10 @@ class VLA:
                 f"the overflow area holds {ovf_cap}; {n_ovf - ovf_cap} were lost. Capacity has grown to the "
                 f"demand: run the kernel through vla.launch() (which rolls back and re-runs), or clear and refill.",
                 appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
+
+    def _commit_on_device(self) -> bool:
+        _k_commit(self, self._caps["pool_chunks"])
+        return self._after_claims()
 
     def clear_all(self):
         """Empty every list; reserved chunks stay with their lists (lazy release)."""
@@ -951,6 +1035,9 @@ class VLA:
                 raise ValueError(f"VLA {self.name!r}.permute: lists [{f}, {e}) outside [0, {self.num_arrays})")
         if any(a[1] > b[0] for a, b in zip(ends, ends[1:])):
             raise ValueError(f"VLA {self.name!r}.permute: ranges of {count} lists from {firsts} overlap")
+        if self.runs == "ordered":
+            raise ValueError(f"VLA {self.name!r}.permute: lists with runs='ordered' keep their runs in list order, "
+                             f"which a permutation would break; create the VLA with runs='bump' to permute it")
         if count == 0:
             return
         self.commit()
@@ -1071,7 +1158,8 @@ class VLA:
         bump = int(self._scalars[2])
         reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
-        meta = 12 * self.num_arrays + 64 + 4 * self._caps["table_owner"] + 8 * ovf
+        per_list = 8 if self.runs == "ordered" else 12
+        meta = per_list * self.num_arrays + 4 * (self.runs == "ordered") + 64 + 4 * self._caps["table_owner"] + 8 * ovf
         element_reserved_bytes = (reserved_elems + ovf) * self.storage_bytes  # (padding included)
         scratch = self.scratch_bytes()
         return {
@@ -1087,6 +1175,7 @@ class VLA:
             "inline_elements": self._n_inline,
             "inline_capacity": self.inline_capacity,
             "chunk_size": self.chunk_size,
+            "runs": self.runs,
             "pool_chunks_used": bump - holes,
             "pool_chunks_holes": holes,
             "pool_chunks_total": pool_chunks,
@@ -1099,12 +1188,13 @@ class VLA:
 
     @staticmethod
     def tune(lengths, dtype=ti.i32, inline_options=(0, 1, 2, 3, 4, 6, 8, 12, 16),
-             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1, layout="soa"):
+             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1, layout="soa", runs="bump"):
         """Choose (inline_capacity, chunk_size) that minimise reserved bytes for a length histogram.
 
         ``lengths``: observed per-list lengths. The model counts what the VLA really reserves: inline
-        slots for every list, whole chunks for the rest of each list, 12 bytes per list (length, chunk
-        table start and count) and 4 per chunk (its owner, for flat iteration). Speed hardly depends on the choice
+        slots for every list, whole chunks for the rest of each list, and the metadata of ``runs`` (as the
+        VLA's): "bump", 12 bytes per list (length, chunk table start and count) and 4 per chunk (its owner,
+        for flat iteration); "ordered", 8 bytes per list and 4 per 64 chunks. Speed hardly depends on the choice
         (a list's chunks are contiguous, so there is no per-chunk load); ``min_chunk_size`` can still
         exclude tiny chunks, which make growth re-layouts more frequent. ``layout``: as the VLA's; "words"
         stores an element in whole 64-bit words (its padding is reserved, not live). Returns the choice and
@@ -1116,18 +1206,21 @@ class VLA:
         vals, counts = np.unique(lens, return_counts=True)
         live = float((vals * counts).sum()) * element_bytes(dtype)
         eb = Words(dtype).storage_bytes if layout == "words" else element_bytes(dtype)
+        if runs not in ("bump", "ordered"):
+            raise ValueError(f"VLA.tune: runs must be 'bump' or 'ordered', got {runs!r}")
+        list_meta, chunk_meta = (8, 4 / 2 ** _HINT_SHIFT) if runs == "ordered" else (12, 4)
         best = None
         for ic in inline_options:
             for cs in chunk_options:
                 if cs < min_chunk_size:
                     continue
                 chunks = ((np.maximum(0, vals - ic) + cs - 1) // cs * counts).sum()
-                # per list: inline slots + length + chunk table entry; per chunk: elements + owner id
-                reserved = lens.size * (ic * eb + 12) + chunks * (cs * eb + 4)
+                # per list: inline slots + length + chunk table entry; per chunk: elements + owner id (bump)
+                reserved = lens.size * (ic * eb + list_meta) + chunks * (cs * eb + chunk_meta)
                 if best is None or reserved < best[0]:
                     best = (reserved, ic, cs)
         reserved, ic, cs = best
-        return {"inline_capacity": int(ic), "chunk_size": int(cs), "reserved_bytes": int(reserved),
+        return {"inline_capacity": int(ic), "chunk_size": int(cs), "runs": runs, "reserved_bytes": int(reserved),
                 "live_bytes": int(live), "ratio": float(reserved / live) if live else float("inf")}
 
     def __del__(self):
@@ -1224,6 +1317,10 @@ class VLA:
         self._caps[attr] = length
         return trees
 
+    def _owner_len(self, pool_chunks):
+        """Entries of table_owner: one per chunk (bump), or one per 64 chunks and one past the last (ordered)."""
+        return (pool_chunks >> _HINT_SHIFT) + 2 if self.runs == "ordered" else pool_chunks
+
     def _regrow(self, attr, dtype, new_len):
         """Replace field ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
         # Finalise pending ti.root fields now, so they cannot take the ids we are about to free.
@@ -1261,15 +1358,20 @@ class VLA:
         """Give every list the chunks it needs to hold demand[i] elements (device-side).
 
         Lists that must grow claim a new run of chunks at the end of the pool (cost: their own elements);
-        only when the pool is full does everything compact into a larger pool (cost: the whole pool)."""
+        only when the pool is full does everything compact into a larger pool (cost: the whole pool).
+        runs="ordered": every growth is such a compaction. Counts one growth event if any list grew."""
         n = self.num_arrays
         moved = self._scratch_nd("moved", n)
-        _k_grow_targets(self, demand, int(headroom), moved)
-        _k_claim_runs(self, moved, self._caps["pool_chunks"])
-        grown = self.grow_events
-        if self._after_claims():
+        if _k_grow_targets(self, demand, int(headroom), moved) == 0:
             return
-        self.grow_events = grown + 1  # lists grow through the compaction (counted once with those that moved)
+        if self.runs == "bump":
+            _k_claim_runs(self, moved, self._caps["pool_chunks"])
+            grown = self.grow_events
+            if self._after_claims():  # (counts the growth)
+                return
+            self.grow_events = grown + 1  # the lists grow through the compaction (once with those that moved)
+        else:
+            self.grow_events += 1
         target = self._scratch_nd("target", n)
         _k_target_keep(self, moved, target)
         self._relayout(target, shrink=False)
@@ -1301,7 +1403,7 @@ class VLA:
         if regrow:
             cap = max(1, total if shrink else _bucket(total * _POOL_HEADROOM, _POOL_STEPS_PER_OCTAVE))
             self._regrow("store", self._store_dtype, self._n_inline + cap * cs)
-            self._regrow("table_owner", ti.i32, cap)
+            self._regrow("table_owner", ti.i32, self._owner_len(cap))
             self._caps["pool_chunks"] = cap
             if tmp_base:
                 _k_tmp_to_store(self, 0, 0, tmp_base)
@@ -1338,7 +1440,7 @@ class VLA:
 
     def __repr__(self):
         return (f"VLA(name={self.name!r}, num_arrays={self.num_arrays}, inline_capacity={self.inline_capacity}, "
-                f"chunk_size={self.chunk_size}, layout={self.layout!r})")
+                f"chunk_size={self.chunk_size}, layout={self.layout!r}, runs={self.runs!r})")
 
 
 # ----------------------------------------------------------------------------------------------------
