@@ -16,11 +16,13 @@ Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), u
 uniform 0-1024. Every store's per-list sums are checked against numpy's, every run.
 """
 import argparse
+import statistics
+import time
 
 import numpy as np
 import taichi as ti
 
-from vla import shared, warp
+from vla import launch, shared, warp
 from bench.common import device_name, init_taichi, kernel_ms, markdown_table, time_ms, write_results
 
 
@@ -157,6 +159,36 @@ def k_fill(s: ti.template(), lens: ti.template()):
     for i in range(s.num_arrays):
         for k in range(lens[i]):
             s.append(i, (i * 7 + k) % 1000)
+
+
+@ti.kernel
+def k_grow(s: ti.template(), every: ti.i32, offset: ti.i32, extra: ti.i32):
+    """Append `extra` more elements to the lists i with i % every == offset."""
+    for i in range(s.num_arrays):
+        if i % every == offset:
+            for k in range(extra):
+                s.append(i, k)
+
+
+def grow_ms(v, refill, repeats):
+    """(median wall ms, lists grown) of a launch whose appends make every `every`-th list outgrow its run
+    (chunk_size + 1 elements each), as many lists as half the overflow area holds: the commit's growth path, as a
+    simulation meets it. runs="bump" moves those lists to free chunks on the device; runs="ordered" re-lays the
+    whole pool out. After a refill and trim, a first growth (not timed; it compiles, and leaves the pool the
+    headroom that any growth leaves) then one timed growth per repeat, each of other lists."""
+    n, extra = v.num_arrays, v.chunk_size + 1
+    every = max(repeats + 1, -(-n * extra // (v.stats()["overflow_capacity"] // 2)))
+    refill()
+    v.trim()
+    launch(k_grow, v, every, 0, extra)
+    samples = []
+    for r in range(1, repeats + 1):
+        ti.sync()
+        t0 = time.perf_counter()
+        launch(k_grow, v, every, r, extra)
+        ti.sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples), -(-n // every)
 
 
 @ti.kernel
@@ -374,6 +406,8 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             if int(partial.to_numpy().sum()) != int(reference.sum()):
                 raise AssertionError(f"{dist}: {name} flat read sum differs")
             row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
+            if " reduce x" not in name:
+                row["grow_ms"], row["grow_lists"] = grow_ms(s, refill, max(3, repeats // 4))
             if reuse and dist != "uniform1024" and " reduce x" not in name:
                 rout = ti.field(ti.i32, shape=n * REUSE_BLOCK)
                 row["reuse_global_ms"] = time_ms(lambda s=s: k_reuse_global(s, rout), repeats=repeats)
@@ -441,6 +475,7 @@ COLUMNS = [
     ("reduce_warp_x_padded_best", "reduce_warp x padded's best", "{:.2f}"),
     ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
     ("flat_read_pct_copy_bw", "flat % copy BW", "{:.0f}"),
+    ("grow_lists", "lists grown", "{:,}"), ("grow_ms", "growth ms", "{:.2f}"),
     ("fill_x_padded", "fill x padded", "{:.2f}"), ("read_x_padded", "read x padded", "{:.2f}"),
     ("fill_x_dynamic", "fill x dynamic", "{:.1f}"), ("read_x_dynamic", "read x dynamic", "{:.1f}"),
     ("live_MB", "live MB", "{:.1f}"), ("reserved_MB", "reserved MB", "{:.1f}"),
