@@ -6,6 +6,11 @@ two bodies that can touch have centres in the same or adjacent cells: a pair's t
 the 27 cells around either of them, and kernel_candidate_pairs visits half of those (14 buckets) per
 body so that each pair is found once. Cost O(n) per step; there is no O(n^2) pass.
 
+Large bodies (app.model.grid_radius: bounding radius above 4x the median, at most 64 of them) do not size the
+cells: the largest radius above is that of the other bodies (model.grid_large_radius). Each step lists them
+(grid.large_ids), the cell search skips every pair that involves one, and a pass of its own tests every body
+against every large body: O(n) per large body instead of cells as wide as the largest body.
+
 Buckets are the Morton (Z-order) code of the cell coordinates taken modulo a period of P = 2^b cells per
 axis (table_size = P^3): the world wraps around every P cells, so two far-apart cells can share a bucket,
 which only costs extra bounding-sphere tests. Because P >= 3 (the grid uses P >= 4), the 27 cells around
@@ -23,6 +28,7 @@ Simulation.scene_of).
 
 import taichi as ti
 
+from app.model import MAX_LARGE_BODIES
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
@@ -73,14 +79,19 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
     VLA (vla.launch then re-runs the whole kernel after growing it)."""
     for c in range(grid.table_size):
         grid.cells.clear(c)
+    grid.large_count[None] = 0
     cs = model.grid_cell_size[None]
+    large_r = model.grid_large_radius[None]
     n = model.body_count[None]
     for i in range(n):
         p = state.body_pos[i]
-        grid.body_sphere[i] = ti.Vector([p[0], p[1], p[2], model.body_radius[i]])
+        r = model.body_radius[i]
+        grid.body_sphere[i] = ti.Vector([p[0], p[1], p[2], r])
         h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
         grid.body_bucket[i] = h
         grid.body_slot[i] = grid.cells.append(h, i)
+        if r > large_r:  # (Model.set_bodies makes them at most MAX_LARGE_BODIES)
+            grid.large_ids[ti.atomic_add(grid.large_count[None], 1)] = i
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
     for i in range(n):
         grid.body_order[grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]] = i
@@ -99,13 +110,17 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     that the narrowphase walks them in Z-order, and by pair class (grid.pair_list) so that it can run one
     loop per class (each compiled for its class's geometry, classes 1-2 packed densely first; see
     app.narrowphase.kernel_narrowphase): a warp then runs one collide_* function, never paying for a
-    box-box lane among sphere pairs."""
+    box-box lane among sphere pairs.
+
+    Pairs with a large body (radius > model.grid_large_radius) come from the last loop instead: every order
+    position t against every large body, listed under t; two large bodies, under the one of lower index."""
     n = model.body_count[None]
     for t in range(n):  # lists from n on stay empty: Grid.reset() empties all of them when a scene loads
         for c in ti.static(range(PAIR_CLASSES)):
             grid.pairs.clear(grid.pair_list(c, t))
     cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
+    large_r = model.grid_large_radius[None]
     for t in range(n):
         i = grid.body_order[t]
         si = grid.body_sphere[i]
@@ -129,12 +144,24 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                 j = grid.cells.get(h, s)
                 sj = grid.body_sphere[j]
                 near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + margin
-                if near and (nb > 13 or j > i):
+                # (pairs with a large body come from the last loop)
+                if near and (nb > 13 or j > i) and ti.max(ri, sj[3]) <= large_r:
                     ok = True
                     if fixed_i:   # (a branch: Taichi evaluates both sides of `and`, and fixed bodies are rare)
                         ok = model.body_inv_mass[j] != 0.0
                     if ok:
                         grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
+    for t, q in ti.ndrange(n, grid.large_count[None]):
+        i = grid.body_order[t]
+        big = grid.large_ids[q]
+        si = grid.body_sphere[i]
+        sb = grid.body_sphere[big]
+        # each pair once: a body that is not large lists its pairs with every large one; of two large bodies, the
+        # one of lower index
+        if i != big and (si[3] <= large_r or i < big):
+            if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + margin:
+                if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
+                    grid.pairs.append(grid.pair_list(model.body_shape[i] + model.body_shape[big], t), big)
 
 
 @ti.data_oriented
@@ -177,6 +204,9 @@ class Grid:
         # ~40 neighbours a body, and reads each one's sphere in one 16-byte load instead of two fields
         self.body_sphere = ti.Vector.field(4, ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
+        # the large bodies of this step (kernel_grid_insert; app.model.grid_radius), stored indices
+        self.large_ids = ti.field(ti.i32, MAX_LARGE_BODIES)
+        self.large_count = ti.field(ti.i32, ())
         self.scan_scratch = ti.field(ti.i32, scan_scratch_size(self.table_size))
         # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
         # ~2 per class list: 2 inline and 4-element chunks; the pool starts with room for two more per body.

@@ -24,6 +24,22 @@ vec4 = ti.types.vector(4, ti.f32)
 WALL_THICKNESS_RADII = 4.0
 NO_CLIP = 3.0e38
 
+# Large bodies: those whose bounding radius exceeds LARGE_RADIUS_FACTOR x the median, at most MAX_LARGE_BODIES of
+# the largest. The grid's cells are sized for the other bodies, and each large body meets every body in a pass of
+# its own (app.broadphase): one big box among small spheres would otherwise widen every cell to its size, putting
+# (factor)^3 times the bodies in each cell (a 4x radius: 64x the neighbours tested). The pass costs a test per
+# body and large body, so at most 64 of them: more large bodies than that widen the cells instead.
+LARGE_RADIUS_FACTOR = 4.0
+MAX_LARGE_BODIES = 64
+
+
+def grid_radius(radius: np.ndarray) -> float:
+    """The bounding radius (m) the grid's cells are sized for: the largest of the bodies that are not large (see
+    LARGE_RADIUS_FACTOR); every body whose radius exceeds it is large."""
+    r = np.sort(np.asarray(radius, np.float64))[::-1]
+    n_large = min(int((r > LARGE_RADIUS_FACTOR * np.median(r)).sum()), MAX_LARGE_BODIES, r.size - 1)
+    return float(r[n_large])
+
 
 def plane_rows(statics, bounding_radius_max: float):
     """Expand static geometry into half-space rows (normal, offset, material, clip normal, clip offset,
@@ -98,7 +114,8 @@ class Model:
         walls end at the top), plane_thickness m (deeper penetration is ignored: the wall's back side).
     Runtime parameters, 0-d fields: body_count, material_count, plane_count, gravity m/s^2,
         restitution_threshold m/s, slop m, contact_margin m, position_correction (split-impulse beta),
-        warm_start (fraction), max_speed m/s, grid_cell_size m.
+        warm_start (fraction), max_speed m/s, grid_cell_size m, grid_large_radius m (bodies of a larger
+        bounding radius are large: app.broadphase finds their pairs apart from the grid).
     """
 
     def __init__(self, body_capacity: int, material_capacity: int = 64, plane_capacity: int = 32):
@@ -136,6 +153,7 @@ class Model:
         self.warm_start = ti.field(ti.f32, ())
         self.max_speed = ti.field(ti.f32, ())
         self.grid_cell_size = ti.field(ti.f32, ())
+        self.grid_large_radius = ti.field(ti.f32, ())
         # host mirrors (numpy) of what was loaded, for accessors and growth
         self.host = {}
         self.host_body_count = 0
@@ -203,8 +221,9 @@ class Model:
 
     def set_bodies(self, bodies, materials, start: int, ids=None):
         """Write bodies [start, start+len) (numpy rows as in Scene.bodies; ids: their persistent ids, default
-        start, start+1, ...) and update body_count and the grid cell size (2 x the largest bounding radius, so
-        that overlapping bodies are in adjacent cells). The host mirror `host` holds the rows in stored order."""
+        start, start+1, ...) and update body_count and the grid cell size (2 x the largest bounding radius of the
+        bodies that are not large, so that such bodies that overlap are in adjacent cells; see grid_radius). The
+        host mirror `host` holds the rows in stored order."""
         k = int(bodies["shape"].shape[0])
         if start + k > self.body_capacity:
             raise ValueError(f"{start + k} bodies exceed the model's capacity {self.body_capacity}")
@@ -239,6 +258,9 @@ class Model:
         self.body_id.from_numpy(pad(h["id"], np.int32))
         self.body_count[None] = n_total
         self.host_body_count = n_total  # host copy: reading body_count[None] would sync the device
-        self.grid_cell_size[None] = float(2.0 * h["radius"][:n_total].max() * 1.02 + 2 * self.contact_margin[None] + 1e-6)
+        r_grid = grid_radius(h["radius"][:n_total])
+        self.grid_cell_size[None] = float(2.0 * r_grid * 1.02 + 2 * self.contact_margin[None] + 1e-6)
+        self.grid_large_radius[None] = r_grid
+        self.host["large_bodies"] = int((h["radius"][:n_total].astype(np.float32) > np.float32(r_grid)).sum())
         smallest = float(np.where(h["shape"] == SHAPE_SPHERE, h["radius"], h["half_extents"].min(axis=1)).min())
         self.host["smallest_extent"] = smallest

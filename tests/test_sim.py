@@ -441,6 +441,27 @@ def _check_pile(m, st, tr):
     assert m["kinetic_energy"][-1] < m["kinetic_energy"][len(m["kinetic_energy"]) // 2] * 10
 
 
+def _check_boulders(m, st, tr):
+    p = st["position"]
+    assert (np.abs(p[:, [0, 2]]) < 3.0 + 1e-3).all() and p[:, 1].min() > -1e-3
+    assert m["contacts"]["final"] > 1000 and m["overflow_total"] == 0
+    small = p[3:]
+    # no small body inside the fixed rock (radius 1 m): the smallest small body's half extent is 0.028 m
+    assert np.linalg.norm(small - p[2], axis=1).min() > 1.0 + 0.028 - BOULDER_PENETRATION_TOL_M
+    # the second rock box (0.55 m cube, axis-aligned) holds small bodies up on its top: the large-body pass found
+    # their pairs (without it they would fall through it)
+    box = p[1]
+    on_top = ((np.abs(small[:, [0, 2]] - box[[0, 2]]) < 0.55).all(axis=1) & (small[:, 1] > box[1] + 0.55)
+              & (small[:, 1] < box[1] + 0.55 + 0.15))
+    assert on_top.sum() > 20, on_top.sum()
+    assert np.linalg.norm(tr["position"][-1, :2] - tr["position"][0, :2], axis=1).max() < 0.05
+
+
+# Penetration allowed into a large body in boulders.yaml: the solver's slop plus the depth a 9 m/s impact reaches
+# in a step before its contact acts (session 22: the run's deepest contact 24.5 mm, 4 mm at its end; the nearest
+# small body ends 1.040 m from the rock's centre).
+BOULDER_PENETRATION_TOL_M = 0.01
+
 # scene -> (frames, overrides, check). The piles run in CI at 3000 bodies (their full size is GPU work, see
 # bench/sim_bench.py); test_scene.py checks that the full files expand to 100k and 1M bodies.
 SCENE_RUNS = {
@@ -449,6 +470,7 @@ SCENE_RUNS = {
     "ramp": (40, (), _check_ramp),
     "cradle": (80, (), _check_cradle),
     "bounce": (80, (), _check_bounce),
+    "boulders": (100, (), _check_boulders),
     "pile_100k": (20, ("bodies.0.count=3000", "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                        "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
     "pile_1m": (20, ("bodies.0.count=3000", "static.0.size=[3, 6, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
@@ -1301,6 +1323,54 @@ def _assert_pairs_match_brute_force(sim):
             if j >= 0 and abs(d[i, j] - reach[i, j]) < 1e-5}
     assert got ^ ref == near
     return ref
+
+
+def test_large_bodies_keep_cells_small_and_every_pair(sim):
+    # Five large bodies (a fixed box, a fixed sphere, two dynamic boxes that touch each other, and a fixed sphere just
+    # over the threshold, whose touching neighbours lie in the cells its own search visits: the median radius is
+    # the small spheres', the cells are sized for the boxes) among 300 small spheres and boxes: the cells are sized for the small ones (app.model.grid_radius), and the pairs with a
+    # large body, which the cell search skips, come from the large-body pass: the pairs must still match the
+    # O(n^2) brute force, each once, with large-small and large-large pairs among them.
+    from app.model import LARGE_RADIUS_FACTOR
+
+    scene = scene_from_dict({
+        "name": "large", "sim": {"dt": 0.002}, "materials": {"m": {}},
+        "static": [{"type": "container", "size": [4, 3, 4], "material": "m"}],
+        "bodies": [{"shape": "box", "half_extents": [0.8, 0.3, 0.8], "position": [-1.0, 0.3, -1.0], "material": "m",
+                    "fixed": True},
+                   {"shape": "sphere", "radius": 0.6, "position": [1.0, 0.6, 1.0], "material": "m", "fixed": True},
+                   {"shape": "box", "half_extents": [0.5, 0.5, 0.5], "position": [1.0, 0.5, -1.1], "material": "m"},
+                   {"shape": "box", "half_extents": [0.5, 0.5, 0.5], "position": [1.0, 1.55, -1.1], "material": "m"},
+                   {"shape": "sphere", "radius": 0.15, "position": [-1.0, 0.15, 1.0], "material": "m", "fixed": True},
+                   # small spheres touching it (centres 0.176 m away: 1 mm apart), above and on the diagonals
+                   *[{"shape": "sphere", "radius": 0.025, "position": [-1.0 + 0.176 * d[0], 0.15 + 0.176 * d[1],
+                                                                        1.0 + 0.176 * d[2]], "material": "m"}
+                     for d in ([0, 1, 0], [0.6, 0.8, 0], [0, 0.8, -0.6], [-0.48, 0.6, 0.64])],
+                   {"generate": "random", "shape": "sphere", "count": 200, "min": [-1.9, 0.7, -1.9],
+                    "max": [1.9, 2.6, 1.9], "radius": 0.03, "material": "m"},
+                   {"generate": "random", "shape": "box", "count": 100, "min": [-1.9, 0.7, -1.9],
+                    "max": [1.9, 2.6, 1.9], "half_extents": [0.05, 0.04, 0.05], "material": "m"}]})
+    sim.load(scene)
+    radius = sim.shapes()["radius"]
+    assert sim.model.host["large_bodies"] == 5
+    assert (radius[:5] > LARGE_RADIUS_FACTOR * np.median(radius)).all()
+    # cells for the small bodies (2 x 1.02 x their largest radius + 2 margins), not for the 0.87 m box
+    small_r = float(radius[5:].max())
+    assert float(sim.model.grid_cell_size[None]) < 2.1 * small_r + 2 * float(sim.model.contact_margin[None]) + 1e-5
+    from app.broadphase import kernel_candidate_pairs
+    from vla import launch
+
+    for steps in (0, 250):   # as placed, then with the small bodies landed on the large ones and the floor
+        for _ in range(steps):
+            sim.step()
+        sim.grid.build(sim.model, sim.state)
+        launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+        ref = _assert_pairs_match_brute_force(sim)
+        large_small = {(i, j) for _, i, j in ref if j >= 0 and (i < 5) != (j < 5)}
+        assert (2, 3) in {(i, j) for _, i, j in ref}   # the two dynamic large boxes, stacked
+        if steps == 0:
+            assert {(4, j) for j in range(5, 9)} <= large_small
+    assert {min(i, j) for i, j in large_small} == {0, 1, 2, 3, 4} and len(large_small) > 20
 
 
 def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init; this test builds its own)
