@@ -1326,11 +1326,12 @@ def _assert_pairs_match_brute_force(sim):
 
 
 def test_large_bodies_keep_cells_small_and_every_pair(sim):
-    # Five large bodies (a fixed box, a fixed sphere, two dynamic boxes that touch each other, and a fixed sphere just
-    # over the threshold, whose touching neighbours lie in the cells its own search visits: the median radius is
-    # the small spheres', the cells are sized for the boxes) among 300 small spheres and boxes: the cells are sized for the small ones (app.model.grid_radius), and the pairs with a
-    # large body, which the cell search skips, come from the large-body pass: the pairs must still match the
-    # O(n^2) brute force, each once, with large-small and large-large pairs among them.
+    # Five large bodies (a fixed box, a fixed sphere, two dynamic boxes that touch each other, and a fixed sphere
+    # just over the threshold, whose touching neighbours lie in the cells its own search visits: the median radius
+    # is the small spheres', the cells are sized for the boxes) among 300 small spheres and boxes. The cells are
+    # sized for the small bodies (app.model.grid_radius), and the pairs with a large body, which the cell search
+    # skips, come from the large-body pass: the pairs must still match the O(n^2) brute force, each once, with
+    # large-small and large-large pairs among them.
     from app.model import LARGE_RADIUS_FACTOR
 
     scene = scene_from_dict({

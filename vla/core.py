@@ -983,7 +983,8 @@ class VLA:
         # elements move home (and the overflow area empties) unless some list found the pool full.
         # ordered: a list grows only through a re-layout of the pool, on the host's side.
         if self.runs == "ordered" or not self._commit_on_device():
-            # The pool was full: compact and grow it on the host's side, then move the parked elements home.
+            # (bump: the pool was full) compact and grow the pool on the host's side, then move the parked
+            # elements home.
             demand = self._scratch_nd("demand", self.num_arrays)
             _k_lengths_to_nd(self, demand)
             self._grow_to(demand, headroom=True)  # (counts the growth)
@@ -1158,8 +1159,10 @@ class VLA:
         bump = int(self._scalars[2])
         reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
-        per_list = 8 if self.runs == "ordered" else 12
-        meta = per_list * self.num_arrays + 4 * (self.runs == "ordered") + 64 + 4 * self._caps["table_owner"] + 8 * ovf
+        # per list: length, run start (and run length, bump); ordered: the closing run start; 16 scalars; the
+        # owner table (bump) or hint (ordered); per overflow slot its (list, slot)
+        table_entries = self.num_arrays + 1 if self.runs == "ordered" else 2 * self.num_arrays
+        meta = 4 * (self.num_arrays + table_entries) + 64 + 4 * self._caps["table_owner"] + 8 * ovf
         element_reserved_bytes = (reserved_elems + ovf) * self.storage_bytes  # (padding included)
         scratch = self.scratch_bytes()
         return {
