@@ -1097,6 +1097,14 @@ op = st.one_of(
 )
 
 
+def _shared_batch():
+    """One Batch for the hypothesis sequences: each Batch() holds a Taichi SNode tree (its failed_at), and a
+    new one per example would exhaust Taichi's 512 trees (dict.setdefault(k, Batch()) makes one every call)."""
+    if "batch" not in _PROP:
+        _PROP["batch"] = Batch()
+    return _PROP["batch"]
+
+
 _ORDER = {}
 
 
@@ -1164,7 +1172,7 @@ def test_random_operation_sequences_match_list_reference(config, ops):
             pairs = o[1]
             before = v.to_lists()
             o_nd, x_nd, m = _pairs_nd([p[0] for p in pairs], [p[1] for p in pairs])
-            batch = _PROP.setdefault("batch", Batch())
+            batch = _shared_batch()
             batch.begin()
             batch.launch(k_append_pairs, v, o_nd, x_nd, m)
             if not batch.done():
@@ -1177,7 +1185,7 @@ def test_random_operation_sequences_match_list_reference(config, ops):
             # one on, redo it through launch() and run the later ones again, until none fails
             fills = o[1]
             nds = [_pairs_nd([p[0] for p in f], [p[1] for p in f]) for f in fills]
-            batch = _PROP.setdefault("batch", Batch())
+            batch = _shared_batch()
             start = 0
             while True:
                 for t in range(start, len(fills)):

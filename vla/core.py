@@ -76,6 +76,30 @@ _HINT_SHIFT = 6
 _nd = ti.types.ndarray()
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
+# Taichi 1.7.4's LLVM backends (CPU, CUDA) keep the roots of SNode trees (each VLA holds a few: the lists' table, the
+# store per scalar component, the overflow area, ...) in a fixed table of 512 (kMaxNumSnodeTreesLlvm) and do not check
+# a new tree's id: the 513th live tree is written past the table, into the runtime's own state, and a later kernel
+# launch segfaults (measured: a loop of FieldsBuilder trees dies at id 512, silently). A growth reuses the id it
+# frees, so the count only rises with trees made and never destroyed: VLAs and Batches created again and again
+# without release(). The VLA stops short of the limit with an error that says so, leaving a few ids to the
+# application's own fields.
+_SNODE_TREE_LIMIT = 512
+_SNODE_TREE_MARGIN = 12
+
+
+def _finalize(fb, what: str):
+    """fb.finalize(), refusing the tree (VLACapacityError) when its id comes near Taichi's limit (_SNODE_TREE_LIMIT)."""
+    tree = fb.finalize()
+    if tree.id >= _SNODE_TREE_LIMIT - _SNODE_TREE_MARGIN:
+        tree.ptr.destroy_snode_tree(impl.get_runtime().prog)   # (no kernel uses it yet: nothing to recompile)
+        tree.destroyed = True
+        raise VLACapacityError(
+            f"{what}: this Taichi program already holds {_SNODE_TREE_LIMIT - _SNODE_TREE_MARGIN} SNode trees, and "
+            f"Taichi 1.7's CPU/CUDA backends corrupt memory beyond {_SNODE_TREE_LIMIT}. Every VLA holds a few and "
+            f"every Batch() without failed_at one, until release(): reuse them, or release() those no longer used")
+    return tree
+
+
 # Every live VLA, so that launch() can find the ones a kernel touched when its arguments do not say.
 _LIVE: "weakref.WeakSet[VLA]" = weakref.WeakSet()
 
@@ -549,7 +573,7 @@ class VLA:
         if not ordered:
             fb.dense(ti.i, n).place(self.table_chunks)
         fb.dense(ti.i, 16).place(self._scalars)
-        self._fixed_tree = fb.finalize()
+        self._fixed_tree = _finalize(fb, f"VLA {name!r}")
 
         # Growable part: one field per SNode tree so a tree can be replaced without moving the others.
         self._trees = {}
@@ -1308,7 +1332,7 @@ class VLA:
             fb = ti.FieldsBuilder()
             fb.dense(ti.i, length).place(part)
             try:
-                trees.append(fb.finalize())
+                trees.append(_finalize(fb, f"VLA {self.name!r}: {attr}"))
             except RuntimeError as e:  # device allocation failure
                 nbytes = length * element_bytes(dtype)
                 raise VLACapacityError(
@@ -1585,12 +1609,19 @@ class Batch:
 
     def __init__(self, failed_at=None):
         """failed_at: a 0-d i32 field to record failures in (kernels elsewhere may already be compiled
-        against it), or None for a field of the batch's own. Set to NO_FAILURE here."""
+        against it), or None for a field of the batch's own (a Taichi SNode tree of its own, held until
+        release(): make one Batch and reuse it, see _SNODE_TREE_LIMIT). Set to NO_FAILURE here."""
         self._status = None
         self._prog = impl.get_runtime().prog
         self._entries = []   # (vla, status slot, snapshot ndarray or None), in launch order
         self.failed = []     # after done() returned False: (VLA name, appends that overflowed) of each failure
-        self.failed_at = failed_at if failed_at is not None else ti.field(ti.i32, ())
+        self._tree = None
+        if failed_at is None:
+            failed_at = ti.field(ti.i32)
+            fb = ti.FieldsBuilder()
+            fb.place(failed_at)
+            self._tree = _finalize(fb, "vla.Batch")
+        self.failed_at = failed_at
         self.failed_at[None] = NO_FAILURE
         self._tag = 0
 
@@ -1600,6 +1631,12 @@ class Batch:
                 _GRAVEYARD.append(self._status)
         except Exception:
             pass
+
+    def release(self):
+        """Free the batch's own failed_at field (if it made one; Taichi drops compiled kernels). The batch is
+        unusable afterwards."""
+        if self._tree is not None and not self._tree.destroyed:
+            self._tree.destroy()
 
     def begin(self, tag: int = 0):
         """Start a batch (forgets the last one's launches); `tag` (0 <= tag < NO_FAILURE) is what its failed
