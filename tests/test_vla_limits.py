@@ -45,3 +45,11 @@ def test_too_many_vlas_raise_before_taichi_corrupts_memory():
     assert sorted(again.to_lists()[2]) == list(range(2, 40, 4))
     batch = Batch()
     batch.release()
+    # the simulator checks before it allocates (its own fields sit on Taichi's root, which no check guards)
+    from app.scene import scene_from_dict
+    from app.sim import Simulation, SimulationCapacityError
+
+    scene = scene_from_dict({"name": "one", "materials": {"m": {}},
+                             "bodies": [{"shape": "sphere", "radius": 0.1, "position": [0, 1, 0], "material": "m"}]})
+    with pytest.raises(SimulationCapacityError, match="SNode trees"):
+        Simulation(scene, verbose=False)
