@@ -46,7 +46,7 @@ class SimulationCapacityError(SimulationError):
     """Taichi cannot hold another allocation of the simulation's fields in this process (see _check_tree_room)."""
 
 
-# Taichi 1.7's CPU/CUDA backends address at most 512 SNode trees and do not check (vla.core._SNODE_TREE_LIMIT).
+# Taichi 1.7's CPU/CUDA backends address at most 512 SNode trees and do not check (vla.core.SNODE_TREE_LIMIT).
 # An allocation makes about 28 (the model's, state's and solver's fields, and the VLAs; counted on bounce.yaml), and
 # the fields of an earlier one cannot be freed (they sit on Taichi's root), so a process that keeps allocating
 # (capacity growths, new Simulations) is refused before the limit instead of crashing in a later kernel.
@@ -56,12 +56,12 @@ TREES_PER_ALLOCATION = 40
 def _check_tree_room():
     from taichi.lang import impl
 
-    from vla.core import _SNODE_TREE_LIMIT, _SNODE_TREE_MARGIN
+    from vla.core import SNODE_TREE_LIMIT, SNODE_TREE_MARGIN
 
     used = impl.get_runtime().prog.get_snode_tree_size()
-    if used + TREES_PER_ALLOCATION > _SNODE_TREE_LIMIT - _SNODE_TREE_MARGIN:
+    if used + TREES_PER_ALLOCATION > SNODE_TREE_LIMIT - SNODE_TREE_MARGIN:
         raise SimulationCapacityError(
-            f"this process has allocated {used} of the {_SNODE_TREE_LIMIT} SNode trees Taichi 1.7 can address, and a "
+            f"this process has allocated {used} of the {SNODE_TREE_LIMIT} SNode trees Taichi 1.7 can address, and a "
             f"simulation needs about {TREES_PER_ALLOCATION} more: load scenes that fit the capacity already allocated "
             f"(Simulation.load), add bodies in fewer, larger steps, or run each simulation in a process of its own")
 

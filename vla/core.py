@@ -83,19 +83,19 @@ _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 # frees, so the count only rises with trees made and never destroyed: VLAs and Batches created again and again
 # without release(). The VLA stops short of the limit with an error that says so, leaving a few ids to the
 # application's own fields.
-_SNODE_TREE_LIMIT = 512
-_SNODE_TREE_MARGIN = 12
+SNODE_TREE_LIMIT = 512
+SNODE_TREE_MARGIN = 12
 
 
 def _finalize(fb, what: str):
-    """fb.finalize(), refusing the tree (VLACapacityError) when its id comes near Taichi's limit (_SNODE_TREE_LIMIT)."""
+    """fb.finalize(), refusing the tree (VLACapacityError) when its id comes near Taichi's limit (SNODE_TREE_LIMIT)."""
     tree = fb.finalize()
-    if tree.id >= _SNODE_TREE_LIMIT - _SNODE_TREE_MARGIN:
+    if tree.id >= SNODE_TREE_LIMIT - SNODE_TREE_MARGIN:
         tree.ptr.destroy_snode_tree(impl.get_runtime().prog)   # (no kernel uses it yet: nothing to recompile)
         tree.destroyed = True
         raise VLACapacityError(
-            f"{what}: this Taichi program already holds {_SNODE_TREE_LIMIT - _SNODE_TREE_MARGIN} SNode trees, and "
-            f"Taichi 1.7's CPU/CUDA backends corrupt memory beyond {_SNODE_TREE_LIMIT}. Every VLA holds a few and "
+            f"{what}: this Taichi program already holds {SNODE_TREE_LIMIT - SNODE_TREE_MARGIN} SNode trees, and "
+            f"Taichi 1.7's CPU/CUDA backends corrupt memory beyond {SNODE_TREE_LIMIT}. Every VLA holds a few and "
             f"every Batch() without failed_at one, until release(): reuse them, or release() those no longer used")
     return tree
 
@@ -1610,7 +1610,7 @@ class Batch:
     def __init__(self, failed_at=None):
         """failed_at: a 0-d i32 field to record failures in (kernels elsewhere may already be compiled
         against it), or None for a field of the batch's own (a Taichi SNode tree of its own, held until
-        release(): make one Batch and reuse it, see _SNODE_TREE_LIMIT). Set to NO_FAILURE here."""
+        release(): make one Batch and reuse it, see SNODE_TREE_LIMIT). Set to NO_FAILURE here."""
         self._status = None
         self._prog = impl.get_runtime().prog
         self._entries = []   # (vla, status slot, snapshot ndarray or None), in launch order
