@@ -33,11 +33,12 @@ LARGE_RADIUS_FACTOR = 4.0
 MAX_LARGE_BODIES = 64
 
 
-def grid_radius(radius: np.ndarray) -> float:
-    """The bounding radius (m) the grid's cells are sized for: the largest of the bodies that are not large (see
-    LARGE_RADIUS_FACTOR); every body whose radius exceeds it is large."""
+def grid_radius(radius: np.ndarray, factor: float = LARGE_RADIUS_FACTOR) -> float:
+    """The bounding radius (m) the grid's cells are sized for: the largest of the bodies that are not large, those
+    above `factor` x the median (the scene's sim.large_body_factor; 0: no body is large); every body whose radius
+    exceeds it is large."""
     r = np.sort(np.asarray(radius, np.float64))[::-1]
-    n_large = min(int((r > LARGE_RADIUS_FACTOR * np.median(r)).sum()), MAX_LARGE_BODIES, r.size - 1)
+    n_large = 0 if factor <= 0 else min(int((r > factor * np.median(r)).sum()), MAX_LARGE_BODIES, r.size - 1)
     return float(r[n_large])
 
 
@@ -154,6 +155,7 @@ class Model:
         self.max_speed = ti.field(ti.f32, ())
         self.grid_cell_size = ti.field(ti.f32, ())
         self.grid_large_radius = ti.field(ti.f32, ())
+        self.large_body_factor = LARGE_RADIUS_FACTOR   # host: sim.large_body_factor, read by set_bodies
         # host mirrors (numpy) of what was loaded, for accessors and growth
         self.host = {}
         self.host_body_count = 0
@@ -195,6 +197,7 @@ class Model:
     def set_params(self, sim: dict):
         """Runtime parameters from a (resolved) sim mapping; no recompilation."""
         self.gravity[None] = sim["gravity"]
+        self.large_body_factor = float(sim.get("large_body_factor", LARGE_RADIUS_FACTOR))
         self.restitution_threshold[None] = sim["restitution_threshold"]
         if sim.get("slop") is not None:
             self.slop[None] = sim["slop"]
@@ -258,7 +261,7 @@ class Model:
         self.body_id.from_numpy(pad(h["id"], np.int32))
         self.body_count[None] = n_total
         self.host_body_count = n_total  # host copy: reading body_count[None] would sync the device
-        r_grid = grid_radius(h["radius"][:n_total])
+        r_grid = grid_radius(h["radius"][:n_total], self.large_body_factor)
         self.grid_cell_size[None] = float(2.0 * r_grid * 1.02 + 2 * self.contact_margin[None] + 1e-6)
         self.grid_large_radius[None] = r_grid
         self.host["large_bodies"] = int((h["radius"][:n_total].astype(np.float32) > np.float32(r_grid)).sum())

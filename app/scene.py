@@ -50,6 +50,7 @@ SIM_DEFAULTS = {
     "padded_capacity": 32,          # contacts per body for `contacts: padded` (and the dynamic max)
     "max_speed": 1000.0,            # m/s: faster than this is an explosion
     "resort_interval": 500,         # steps between re-sorts of large scenes' bodies in memory (0: never)
+    "large_body_factor": 4.0,       # bodies above this x the median bounding radius skip the grid (0: none do)
 }
 
 MATERIAL_KEYS = {"density": 1000.0, "friction": 0.5, "restitution": 0.1}
@@ -402,6 +403,10 @@ def validate(data: dict, path="<dict>") -> Scene:
             sim[k] = float(_num(ctx, key, v, nonneg=True))
         elif k == "max_speed":
             sim[k] = float(_num(ctx, key, v, positive=True))
+        elif k == "large_body_factor":
+            sim[k] = float(_num(ctx, key, v, nonneg=True))
+            if 0 < sim[k] < 1:
+                ctx.fail(key, "0 (no large bodies) or a number >= 1", v)
 
     mats_raw = _mapping(ctx, "materials", data["materials"])
     if not mats_raw:

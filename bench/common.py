@@ -25,16 +25,22 @@ CONTACT_STORAGES = ("vla", "padded", "dynamic")
 
 def parse_storages(text: str) -> list:
     """--storages "vla,padded:64" -> [(spec, scene overrides)], e.g. ("padded:64", ("sim.contacts=padded",
-    "sim.padded_capacity=64")). Raises UserError naming the bad entry."""
+    "sim.padded_capacity=64")). A spec may add scene overrides after "+", to compare variants of one storage side
+    by side: "vla+sim.large_body_factor=0". Raises UserError naming the bad entry."""
     from app.errors import UserError
 
     out = []
     for spec in [s.strip() for s in text.split(",") if s.strip()]:
-        kind, _, cap = spec.partition(":")
+        spec_storage, *extra = spec.split("+")
+        for e in extra:
+            if "=" not in e or not e.partition("=")[0].strip():
+                raise UserError(f"--storages: {spec!r}: expected STORAGE+key.path=value, got {e!r} after '+'")
+        kind, _, cap = spec_storage.partition(":")
         if kind not in CONTACT_STORAGES or (cap and not (cap.isdigit() and int(cap) > 0)):
             raise UserError(f"--storages: unknown storage {spec!r}; valid: vla | padded | dynamic, padded and "
                             f"dynamic optionally with a per-body maximum as in padded:64")
-        out.append((spec, (f"sim.contacts={kind}",) + ((f"sim.padded_capacity={cap}",) if cap else ())))
+        out.append((spec, (f"sim.contacts={kind}",) + ((f"sim.padded_capacity={cap}",) if cap else ())
+                    + tuple(e.strip() for e in extra)))
     return out
 
 

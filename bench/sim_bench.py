@@ -19,6 +19,9 @@ H200 the second of two back-to-back processes measured up to 10% slower at 100k 
 half host overhead), and reports each case's median with its range; speed ratios are of the medians.
 
 --small runs the same scenes at a few thousand bodies (CPU-sized); full size is for the GPU machine.
+
+A storage may carry scene overrides after "+", to compare variants side by side in one run, taking turns:
+--storages "vla,vla+sim.large_body_factor=0" (the large-body broadphase on and off).
 """
 from __future__ import annotations
 
@@ -227,7 +230,7 @@ def main(argv=None) -> int:
             raise UserError(f"--scenes: no scene {name!r} in scenes/ (expected a file {path})")
         overrides = SMALL_OVERRIDES.get(name, ()) if args.small else ()
         for rep, storage, storage_overrides in _schedule(storages, args.repeats):
-            kind = storage.partition(":")[0]
+            kind = storage.split("+")[0].partition(":")[0]
             r = _bench_in_subprocess(path, kind, steps, tuple(overrides) + storage_overrides[1:], args.warmup,
                                      args.arch, args.resort_interval)
             r["storage"] = storage

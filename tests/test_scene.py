@@ -76,6 +76,8 @@ def test_pile_1m_expands_to_a_million_bodies():
     (lambda d: d.update(sim={"gravity": [0, -9.81]}), "sim.gravity", "a list of 3"),
     (lambda d: d.update(sim={"solverIterations": 3}), "sim.solverIterations", "unknown key"),
     (lambda d: d.update(sim={"resort_interval": -1}), "sim.resort_interval", ">= 0"),
+    (lambda d: d.update(sim={"large_body_factor": 0.5}), "sim.large_body_factor", "0 (no large bodies) or a number >= 1"),
+    (lambda d: d.update(sim={"large_body_factor": -2}), "sim.large_body_factor", ">= 0"),
     (lambda d: d.update(sim={"resort_interval": 0.5}), "sim.resort_interval", "an integer"),
     (lambda d: d["bodies"][0].pop("position"), "bodies[0].position", "required"),
     (lambda d: d["bodies"].append({"shape": "box", "half_extents": [1, 0, 1], "position": [0, 0, 0],

@@ -1372,6 +1372,15 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
         if steps == 0:
             assert {(4, j) for j in range(5, 9)} <= large_small
     assert {min(i, j) for i, j in large_small} == {0, 1, 2, 3, 4} and len(large_small) > 20
+    # sim.large_body_factor: 0 turns the pass off (cells as wide as the largest body); the same pairs
+    raw = dict(scene.raw)
+    raw["sim"] = dict(raw["sim"], large_body_factor=0)
+    sim.load(scene_from_dict(raw))
+    assert sim.model.host["large_bodies"] == 0
+    assert float(sim.model.grid_large_radius[None]) == pytest.approx(float(radius.max()))
+    sim.grid.build(sim.model, sim.state)
+    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+    assert {(i, j) for _, i, j in _assert_pairs_match_brute_force(sim)} >= {(4, j) for j in range(5, 9)}
 
 
 def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init; this test builds its own)
