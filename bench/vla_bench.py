@@ -312,7 +312,7 @@ STORE_KINDS = ("padded", "dynamic", "vla")
 
 
 def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=(), kinds=STORE_KINDS):
-    from vla import VLA, launch
+    from vla import VLA
 
     lens_np, max_len = make_lengths(dist, n, rng)
     lens_np = lens_np.astype(np.int32)
