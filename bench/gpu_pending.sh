@@ -9,12 +9,12 @@ out=${2:?usage: bench/gpu_pending.sh a|b OUT_DIR}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if [ "$part" = a ]; then
-    echo "== VLA tests on CUDA (both runs)"
-    SMOLVLA_TEST_ARCH=cuda timeout 200 python -m pytest tests/test_vla.py tests/test_vla_limits.py -q -x \
-        -p no:cacheprovider -n 0 2>&1 | tail -3
     echo "== bench vla, heavy tail: the ordered row and the growth column"
     timeout 300 python run.py bench vla --arch cuda --dists heavy --repeats 10 --kernel-times --out "$out" 2>&1 \
         | grep -v Warning | tail -12
+    echo "== VLA tests on CUDA (both runs)"
+    SMOLVLA_TEST_ARCH=cuda timeout 170 python -m pytest tests/test_vla.py tests/test_vla_limits.py -q -x \
+        -p no:cacheprovider -n 0 2>&1 | tail -3
     echo "== bench sim boulders: the large-body pass on and off"
     timeout 120 python run.py bench sim --arch cuda --scenes boulders --storages "vla,vla+sim.large_body_factor=0" \
         --repeats 3 --out "$out/boulders" 2>&1 | tail -6

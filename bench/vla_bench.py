@@ -334,6 +334,7 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
     tuned = VLA.tune(lens_np)
     # the same choice for the VLA whose runs are kept in list order (8 bytes a list, nothing per chunk)
     tuned_o = VLA.tune(lens_np, runs="ordered")
+    tuned_o16 = VLA.tune(lens_np, runs="ordered", hint_every=16)
     stores = [
         ("padded", lambda: PaddedArrays(n, max_len)),
         ("padded (head 8)", lambda: PaddedArrays(n, max_len, warp_head=8)),   # differs in reduce_warp() only
@@ -346,6 +347,10 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
         (f"vla tuned ordered ({tuned_o['inline_capacity']},{tuned_o['chunk_size']})",
          lambda: VLA(n, ti.i32, inline_capacity=tuned_o["inline_capacity"], chunk_size=tuned_o["chunk_size"],
                      runs="ordered", name="bench")),
+        # the same with a denser search hint: a shorter chunk -> list search per flat slot, 4 bytes per 16 chunks
+        (f"vla tuned ordered ({tuned_o16['inline_capacity']},{tuned_o16['chunk_size']}) hint 16",
+         lambda: VLA(n, ti.i32, inline_capacity=tuned_o16["inline_capacity"], chunk_size=tuned_o16["chunk_size"],
+                     runs="ordered", hint_every=16, name="bench")),
     ]
     for unroll in reduce_unrolls:
         # the same tuned VLA with reduce() keeping `unroll` pool loads in flight (get() loop and fill unchanged)

@@ -887,6 +887,33 @@ def test_ordered_runs_keep_8_bytes_a_list_and_find_every_chunks_list():
         v.permute(_order_field([1, 0]), 0, 2)
 
 
+@pytest.mark.parametrize("hint_every", [1, 4])
+def test_ordered_runs_hint_every_sets_the_hint_table_and_keeps_the_flat_walk_exact(hint_every):
+    # A denser hint (hint_every chunks per entry) is one table_owner entry per hint_every chunks, in the bytes
+    # and in tune()'s model, and the flat walk still finds every element's list: hint_every=1 makes every
+    # search zero steps (the hint is the owner of the last list starting at or before the chunk), 4 a short one.
+    lens = _heavy_lengths(1500, 11)
+    t = VLA.tune(lens, runs="ordered", hint_every=hint_every)
+    t64 = VLA.tune(lens, runs="ordered", chunk_options=(t["chunk_size"],), inline_options=(t["inline_capacity"],))
+    v = VLA(lens.size, ti.i32, inline_capacity=t["inline_capacity"], chunk_size=t["chunk_size"], runs="ordered",
+            hint_every=hint_every, overflow_capacity=64, name="hint")
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    vals = (np.arange(offsets[-1], dtype=np.int32) * 7) % 1001
+    v.from_csr(offsets, vals)
+    v.trim()
+    chunks = v.stats()["pool_chunks_total"]
+    assert v.stats()["metadata_bytes"] == 8 * lens.size + 4 + 64 + 4 * ((chunks // hint_every) + 2) + 8 * 64
+    assert abs(t["reserved_bytes"] - t64["reserved_bytes"] - chunks * (4 / hint_every - 4 / 64)) < 1  # int bytes
+    out = ti.ndarray(ti.i32, lens.size)
+    out.fill(0)
+    k_flat_sum(v, out)
+    list_of = np.repeat(np.arange(lens.size), lens)
+    np.testing.assert_array_equal(out.to_numpy(), np.bincount(list_of, weights=vals, minlength=lens.size))
+    for bad in (0, 3, 2.0, True):
+        with pytest.raises(ValueError, match="hint_every"):
+            VLA(4, ti.i32, runs="ordered", hint_every=bad)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_arrays"):

@@ -70,9 +70,9 @@ _I32_MAX = 2**31 - 1
 # pool 1.2x larger (contact memory 0.64x padded instead of ~0.56x) for no measurable speed (25.4 vs 25.5 ms).
 _POOL_HEADROOM = 1.1
 _POOL_STEPS_PER_OCTAVE = 8
-# runs="ordered": table_owner holds the owner of every 2^_HINT_SHIFT-th chunk only (a search hint for
-# flat_index), 4 bytes per 64 chunks instead of 4 per chunk.
-_HINT_SHIFT = 6
+# runs="ordered": table_owner holds the owner of every hint_every-th chunk only (a search hint for
+# flat_index), by default 4 bytes per 64 chunks instead of 4 per chunk.
+_HINT_EVERY = 64
 _nd = ti.types.ndarray()
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
@@ -113,6 +113,12 @@ _GRAVEYARD: list = []
 # ----------------------------------------------------------------------------------------------------
 # dtype helpers
 # ----------------------------------------------------------------------------------------------------
+def _check_hint_every(hint_every):
+    if isinstance(hint_every, bool) or not isinstance(hint_every, (int, np.integer)) or hint_every < 1 \
+            or hint_every & (hint_every - 1):
+        raise ValueError(f"VLA hint_every must be a power of two (1, 2, 4, ...), got {hint_every!r}")
+
+
 def _is_primitive(dtype) -> bool:
     return isinstance(dtype, _ti_core.DataType)
 
@@ -368,15 +374,16 @@ def _k_tmp_to_store(v: ti.template(), tmp_begin: ti.i32, store_begin: ti.i32, n:
 def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, total: ti.i32, cap: ti.i32):
     if ti.static(v.runs == "ordered"):
         # runs in list order: the run starts are the whole table (list i's chunk count is the gap to the
-        # next start; new_start[n] = total closes the last), and table_owner the owner of every 64th chunk.
+        # next start; new_start[n] = total closes the last), and table_owner the owner of every hint_every-th chunk.
         for i in range(v.num_arrays + 1):
             v.table_start[i] = new_start[i]
-        for b in range((cap >> _HINT_SHIFT) + 2):
+        sh = ti.static(v._hint_shift)
+        for b in range((cap >> sh) + 2):
             v.table_owner[b] = v.num_arrays - 1
         for i in range(v.num_arrays):
             s = new_start[i]
-            b = (s + (1 << _HINT_SHIFT) - 1) >> _HINT_SHIFT
-            while (b << _HINT_SHIFT) < s + target[i]:
+            b = (s + (1 << sh) - 1) >> sh
+            while (b << sh) < s + target[i]:
                 v.table_owner[b] = i
                 b += 1
     else:
@@ -496,12 +503,15 @@ class VLA:
             new one at the pool's end on the device, in the commit (cost: its own elements; its old run is
             a hole until the next compaction); metadata 12 bytes a list (length, run start, run length) and
             4 a chunk (its owner, for flat_index). ``"ordered"``: the runs lie in list order, so a list's run
-            ends where the next list's starts: metadata 8 bytes a list (length, run start) and 4 per 64
-            chunks (a search hint for flat_index, which then finds a chunk's list by a binary search over
-            the run starts, a few steps inside the hint's range). The price is growth: any list that outgrows
+            ends where the next list's starts: metadata 8 bytes a list (length, run start) and 4 per
+            ``hint_every`` chunks (a search hint for flat_index, which then finds a chunk's list by a binary
+            search over the run starts, a few steps inside the hint's range). The price is growth: any list that outgrows
             its run re-lays the whole pool out, on the host's side of commit (Batch's device commit
             reports it as a failure), and permute() is not available. For lists whose lengths settle after
             a first fill (memoised capacity), where memory counts most.
+        hint_every: runs="ordered" only, a power of two: chunks per entry of flat_index's search hint
+            (default 64). Fewer chunks per entry shorten the search each flat slot makes (about
+            log2 of the lists a hint block spans, dependent loads) for 4 bytes per entry.
         name: used in error messages.
 
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
@@ -512,7 +522,7 @@ class VLA:
     """
 
     def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None,
-                 overflow_capacity=None, layout="soa", runs="bump", name="vla"):
+                 overflow_capacity=None, layout="soa", runs="bump", hint_every=_HINT_EVERY, name="vla"):
         for arg, val, low in (("num_arrays", num_arrays, 1), ("inline_capacity", inline_capacity, 0),
                               ("chunk_size", chunk_size, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
@@ -526,6 +536,7 @@ class VLA:
             raise ValueError(f"VLA layout must be 'soa', 'aos' or 'words', got {layout!r}")
         if runs not in ("bump", "ordered"):
             raise ValueError(f"VLA runs must be 'bump' or 'ordered', got {runs!r}")
+        _check_hint_every(hint_every)
         if overflow_capacity is not None and (not isinstance(overflow_capacity, (int, np.integer))
                                               or overflow_capacity < 1):
             raise ValueError(f"VLA overflow_capacity must be a positive int, got {overflow_capacity!r}")
@@ -542,6 +553,8 @@ class VLA:
         self.dtype = dtype
         self.layout = layout
         self.runs = runs
+        self.hint_every = int(hint_every)
+        self._hint_shift = self.hint_every.bit_length() - 1
         self.inline_capacity = int(inline_capacity)
         self.chunk_size = int(chunk_size)
         self._chunk_shift = int(chunk_size).bit_length() - 1
@@ -961,7 +974,7 @@ class VLA:
         list, so the last one is the owner), searched between the owners of the 64-chunk blocks around t."""
         o = -1
         if ti.static(self.runs == "ordered"):
-            b = t >> _HINT_SHIFT
+            b = t >> ti.static(self._hint_shift)
             lo = self.table_owner[b]
             hi = self.table_owner[b + 1]
             while lo < hi:
@@ -1215,13 +1228,14 @@ class VLA:
 
     @staticmethod
     def tune(lengths, dtype=ti.i32, inline_options=(0, 1, 2, 3, 4, 6, 8, 12, 16),
-             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1, layout="soa", runs="bump"):
+             chunk_options=(1, 2, 4, 8, 16, 32, 64), min_chunk_size=1, layout="soa", runs="bump",
+             hint_every=_HINT_EVERY):
         """Choose (inline_capacity, chunk_size) that minimise reserved bytes for a length histogram.
 
         ``lengths``: observed per-list lengths. The model counts what the VLA really reserves: inline
         slots for every list, whole chunks for the rest of each list, and the metadata of ``runs`` (as the
         VLA's): "bump", 12 bytes per list (length, chunk table start and count) and 4 per chunk (its owner,
-        for flat iteration); "ordered", 8 bytes per list and 4 per 64 chunks. Speed hardly depends on the choice
+        for flat iteration); "ordered", 8 bytes per list and 4 per ``hint_every`` chunks. Speed hardly depends on the choice
         (a list's chunks are contiguous, so there is no per-chunk load); ``min_chunk_size`` can still
         exclude tiny chunks, which make growth re-layouts more frequent. ``layout``: as the VLA's; "words"
         stores an element in whole 64-bit words (its padding is reserved, not live). Returns the choice and
@@ -1235,7 +1249,8 @@ class VLA:
         eb = Words(dtype).storage_bytes if layout == "words" else element_bytes(dtype)
         if runs not in ("bump", "ordered"):
             raise ValueError(f"VLA.tune: runs must be 'bump' or 'ordered', got {runs!r}")
-        list_meta, chunk_meta = (8, 4 / 2 ** _HINT_SHIFT) if runs == "ordered" else (12, 4)
+        _check_hint_every(hint_every)
+        list_meta, chunk_meta = (8, 4 / hint_every) if runs == "ordered" else (12, 4)
         best = None
         for ic in inline_options:
             for cs in chunk_options:
@@ -1345,8 +1360,8 @@ class VLA:
         return trees
 
     def _owner_len(self, pool_chunks):
-        """Entries of table_owner: one per chunk (bump), or one per 64 chunks and one past the last (ordered)."""
-        return (pool_chunks >> _HINT_SHIFT) + 2 if self.runs == "ordered" else pool_chunks
+        """Entries of table_owner: one per chunk (bump), or one per hint_every chunks and one past the last (ordered)."""
+        return (pool_chunks >> self._hint_shift) + 2 if self.runs == "ordered" else pool_chunks
 
     def _regrow(self, attr, dtype, new_len):
         """Replace field ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
