@@ -42,8 +42,9 @@ def gyroscopic_step(w, R, inv_inertia_body, dt):
     """Angular velocity w (world frame, rad/s) after dt of torque-free rotation of a body with orientation R and
     diagonal body-frame inverse inertia inv_inertia_body (1/(kg m^2)): Euler's equations I dw/dt = -w x I w in
     the body frame, by implicit Euler with one Newton step (Catto, "Numerical Methods", GDC 2015; Bullet's
-    btRigidBody::computeGyroscopicImpulseImplicit_Body). Implicit, so a fast spin about an unstable axis cannot
-    gain energy (explicit Euler does); it loses a little instead. Without this term w stays constant in the
+    btRigidBody::computeGyroscopicImpulseImplicit_Body), then scaled back to the step's kinetic energy. Implicit,
+    so a fast spin about an unstable axis cannot gain energy (explicit Euler does); the little it loses instead
+    is put back by the scaling. Without this term w stays constant in the
     world while the inertia turns with the body, so a free asymmetric body's angular momentum R I R^T w drifts
     (and an intermediate-axis spin never tumbles). Bodies with equal principal inertias (spheres, cubes) have no
     gyroscopic torque and are left as they are, as are bodies with an infinite inertia about some axis."""
@@ -57,7 +58,14 @@ def gyroscopic_step(w, R, inv_inertia_body, dt):
         residual = dt * wb.cross(Iw)   # of I (wb' - wb) + dt wb' x I wb' = 0 at wb' = wb
         # its Jacobian: I + dt (skew(wb) I - skew(I wb))
         J = I + dt * (_skew(wb) @ I - _skew(Iw))
-        out = R @ (wb - J.inverse() @ residual)
+        wn = wb - J.inverse() @ residual
+        # The gyroscopic torque does no work, but implicit Euler damps it (2-3% of a free spin's energy in 3 s
+        # at dt = 2 ms). Projecting back onto the energy surface (Hairer, Lubich, Wanner, "Geometric Numerical
+        # Integration", IV.4: projection methods) removes that drift; the scale is 1 + O(dt^2) and never
+        # adds energy the spin did not have before the step.
+        e_old = wb.dot(Iw)
+        e_new = wn.dot(inertia * wn)
+        out = R @ (wn * ti.select(e_new > 0.0, ti.sqrt(e_old / e_new), 1.0))
     return out
 
 

@@ -46,15 +46,16 @@ STOP_REL_TOL = 0.02
 # sinking from the per-level slop is about 5 mm).
 STACK_TOP_MAX_M = 0.05
 PYRAMID_MAX_MOVE_M = 0.02
-# Free rotation (Euler's equations, integrated implicitly: app.integrator.gyroscopic_step). Implicit Euler
-# loses a little energy, O(dt) per unit time: measured for the generic spin below 2.0% of the kinetic energy and
-# 1.0% of the angular momentum over 3 s, so the momentum may drift 2% and the energy may fall 5%, never rise
-# (1e-4: f32 rounding). Without the gyroscopic term the momentum drifts 85% (the world-frame w stays constant
-# while the inertia turns). Tumbling: the intermediate-axis spin's sign changes at the times of a fine RK4
-# solution of Euler's equations within 2% (measured 0.3%; the energy loss shifts the phase).
+# Free rotation (Euler's equations, integrated implicitly and projected back onto the energy surface:
+# app.integrator.gyroscopic_step). Measured over 3 s of the generic spin and 5 s of the tumbling one: angular
+# momentum within 0.74% and 0.92%, kinetic energy within 2e-5 and 4.3e-4 (f32 rounding that adds up over
+# 2,500 steps; 0.13% in 20 s of tumbling); so the momentum may drift 2% and the energy move 0.1% either way.
+# Implicit Euler alone lost 2.1% and 3.0% of the energy (a free spin slowly settling onto its major axis),
+# and without the gyroscopic term the momentum drifts 85% (the world-frame w stays constant while the inertia
+# turns). Tumbling: the intermediate-axis spin's sign changes at the times of a fine RK4 solution of Euler's
+# equations within 2% (measured 0.6%).
 GYRO_MOMENTUM_REL_TOL = 0.02
-GYRO_ENERGY_MIN_FRACTION = 0.95
-GYRO_ENERGY_RISE_TOL = 1e-4
+GYRO_ENERGY_REL_TOL = 1e-3
 GYRO_FLIP_REL_TOL = 0.02
 # Container walls: a body left outside rests on the floor there (its height within 1 cm of resting: the floor's
 # penetration is a few mm), its centre more than half its size beyond the wall plane (a body pushed back in
@@ -276,8 +277,8 @@ def _free_spin(sim, w0, seconds):
 
 def test_free_rotation_keeps_angular_momentum(sim):
     """A box spinning about no principal axis, no gravity, no contact: its world angular momentum R I R^T w is
-    conserved (Euler's equations; it drifted 85% in 3 s while the gyroscopic term was neglected) and its kinetic
-    energy never rises."""
+    conserved (Euler's equations; it drifted 85% in 3 s while the gyroscopic term was neglected) and so is its
+    kinetic energy (implicit Euler alone lost 2.1% of it)."""
     w0 = np.array([3.0, 2.0, 4.0])
     inertia = _box_inertia(GYRO_HALF_EXTENTS)
     L0 = inertia * w0   # the body starts unrotated
@@ -286,8 +287,7 @@ def test_free_rotation_keeps_angular_momentum(sim):
     drift = max(np.linalg.norm(L - L0) for L, _, _ in track) / np.linalg.norm(L0)
     energies = np.array([E for _, E, _ in track])
     assert drift < GYRO_MOMENTUM_REL_TOL, drift
-    assert energies.max() <= E0 * (1 + GYRO_ENERGY_RISE_TOL)
-    assert energies.min() >= E0 * GYRO_ENERGY_MIN_FRACTION
+    assert np.abs(energies / E0 - 1).max() < GYRO_ENERGY_REL_TOL
 
 
 def _euler_sign_changes(w0, inertia, seconds, component, dt=1e-4):
@@ -311,7 +311,8 @@ def _euler_sign_changes(w0, inertia, seconds, component, dt=1e-4):
 def test_intermediate_axis_spin_tumbles_on_time(sim):
     """The tennis-racket (Dzhanibekov) effect: a spin about the intermediate principal axis with a small
     perturbation flips over again and again; the body-frame spin's sign changes when a fine RK4 solution of
-    Euler's equations says (twice in 5 s here). Neglecting the gyroscopic term, it never flipped."""
+    Euler's equations says (twice in 5 s here), its kinetic energy kept. Neglecting the gyroscopic term, it
+    never flipped."""
     w0 = np.array([0.2, 6.0, 0.2])
     expect = _euler_sign_changes(w0, _box_inertia(GYRO_HALF_EXTENTS), 5.0, 1)
     track = _free_spin(sim, w0, 5.0)
@@ -320,6 +321,8 @@ def test_intermediate_axis_spin_tumbles_on_time(sim):
     assert len(expect) == 2 and len(got) == len(expect), (got, expect)
     for t_got, t_exact in zip(got, expect):
         assert abs(t_got - t_exact) < GYRO_FLIP_REL_TOL * t_exact, (got, expect)
+    E0 = 0.5 * w0 @ (_box_inertia(GYRO_HALF_EXTENTS) * w0)
+    assert max(abs(E / E0 - 1) for _, E, _ in track) < GYRO_ENERGY_REL_TOL   # implicit Euler alone: -3.0%
 
 
 def test_container_walls_leave_outside_bodies_outside(sim):
