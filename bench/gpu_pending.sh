@@ -3,8 +3,7 @@
 # two device calls of < 10 min (each step gets what is left of the call's 570 s, at most its own limit):
 #   run: source .device/env.sh; bash bench/gpu_pending.sh a $OUT
 #   run: source .device/env.sh; bash bench/gpu_pending.sh b $OUT
-# Part b compares pile_1m with session 20's landed code when a copy of it sits in _dev/s20 (made here, before the
-# call: mkdir -p _dev/s20 && git archive a48cd19 | tar -x -C _dev/s20; untracked files travel with the tree).
+# Part b (session 23's second call): the flat read's thread/unroll sweep, pile_1m twice more, boulders on/off.
 part=${1:?usage: bench/gpu_pending.sh a|b OUT_DIR}
 out=${2:?usage: bench/gpu_pending.sh a|b OUT_DIR}
 mkdir -p "$out"
@@ -27,16 +26,17 @@ if [ "$part" = a ]; then
     SMOLVLA_TEST_ARCH=cuda timeout "$(left 200)" python -m pytest tests/test_vla.py tests/test_vla_limits.py -q -x \
         -p no:cacheprovider -n 0 2>&1 | tail -3
 else
-    echo "== bench sim boulders: the large-body pass on and off"
+    echo "== bench vla, heavy tail: padded and VLA rows again, the flat read also with other threads x unrolls"
+    timeout "$(left 240)" python run.py bench vla --arch cuda --dists heavy --stores padded,vla --repeats 10 \
+        --kernel-times --flat-sweep 524288x4,1048576x4,262144x8,524288x8 --out "$out/vla_sweep" 2>&1 \
+        | grep -v Warning | tail -10
+    for k in 1 2; do
+        echo "== bench sim pile_1m, vla, run $k ($((SECONDS - t0)) s)"
+        timeout "$(left 150)" python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --storages vla \
+            --out "$out/pile_$k" 2>&1 | tail -3
+    done
+    echo "== bench sim boulders: the large-body pass on and off ($((SECONDS - t0)) s)"
     timeout "$(left 120)" python run.py bench sim --arch cuda --scenes boulders \
         --storages "vla,vla+sim.large_body_factor=0" --repeats 3 --out "$out/boulders" 2>&1 | tail -6
-    if [ -d _dev/s20 ]; then
-        echo "== bench sim pile_1m, session 20's landed code (a48cd19) ($((SECONDS - t0)) s)"
-        (cd _dev/s20 && timeout "$(left 200)" python run.py bench sim --arch cuda --steps 30 --scenes pile_1m \
-            --storages vla --out "$out/s20" 2>&1 | tail -6)
-        echo "== bench sim pile_1m, the code of now (vla) ($((SECONDS - t0)) s)"
-        timeout "$(left 200)" python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --storages vla \
-            --out "$out/now2" 2>&1 | tail -6
-    fi
 fi
 echo "== done ($((SECONDS - t0)) s)"

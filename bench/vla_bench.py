@@ -224,26 +224,27 @@ FLAT_UNROLL = 4
 
 
 @ti.kernel
-def k_read_flat(v: ti.template(), partial: ti.template()):
+def k_read_flat(v: ti.template(), partial: ti.template(), threads: ti.template(), unroll: ti.template()):
     # Each thread strides over the storage slots (neighbouring threads, neighbouring slots) and keeps
     # its own sum: coalesced loads, one store per thread, no atomics. Four slots per iteration, each value
     # loaded unconditionally (every slot below flat_size() is readable) and masked by a select: four
     # independent load chains in flight per thread instead of one, which is what a latency-bound loop needs.
-    for g in range(FLAT_THREADS):
+    # (threads, unroll: compile-time; FLAT_THREADS x FLAT_UNROLL unless --flat-sweep asks for others)
+    for g in range(threads):
         acc = ti.i64(0)
         e = g
         n = v.flat_size()
-        while e + (FLAT_UNROLL - 1) * FLAT_THREADS < n:
-            for u in ti.static(range(FLAT_UNROLL)):
-                i, k = v.flat_index(e + u * FLAT_THREADS)
-                x = v.flat_value(e + u * FLAT_THREADS)
+        while e + (unroll - 1) * threads < n:
+            for u in ti.static(range(unroll)):
+                i, k = v.flat_index(e + u * threads)
+                x = v.flat_value(e + u * threads)
                 acc += ti.select(i >= 0, ti.cast(x, ti.i64), ti.i64(0))
-            e += FLAT_UNROLL * FLAT_THREADS
+            e += unroll * threads
         while e < n:
             i, k = v.flat_index(e)
             if i >= 0:
                 acc += v.flat_value(e)
-            e += FLAT_THREADS
+            e += threads
         partial[g] = acc
 
 
@@ -311,7 +312,8 @@ def _with_unroll(v, unroll):
 STORE_KINDS = ("padded", "dynamic", "vla")
 
 
-def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=(), kinds=STORE_KINDS):
+def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=(), kinds=STORE_KINDS,
+                       flat_sweep=()):
     from vla import VLA
 
     lens_np, max_len = make_lengths(dist, n, rng)
@@ -403,13 +405,28 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             row["device_MB"] = st["device_bytes"] / 1e6
             row["device_over_live"] = st["device_bytes"] / live_bytes
             row["grow_events"] = st["grow_events"]
-            partial = ti.field(ti.i64, shape=FLAT_THREADS)
-            row["flat_read_ms"] = time_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
+            partial = ti.field(ti.i64, shape=max([FLAT_THREADS] + [t for t, _ in flat_sweep]))
+            flat = lambda s=s, t=FLAT_THREADS, u=FLAT_UNROLL: k_read_flat(s, partial, t, u)  # noqa: E731
+            row["flat_read_ms"] = time_ms(flat, repeats=repeats)
             if kernel_times:
-                row["flat_read_kms"] = kernel_ms(lambda s=s: k_read_flat(s, partial), repeats=repeats)
+                row["flat_read_kms"] = kernel_ms(flat, repeats=repeats)
                 row["flat_read_kGBps"] = (live_bytes / 1e9) / (row["flat_read_kms"] / 1e3)
             if int(partial.to_numpy().sum()) != int(reference.sum()):
                 raise AssertionError(f"{dist}: {name} flat read sum differs")
+            # the same walk with other thread counts and unrolls (the consumer's tuning, not the VLA's): device
+            # time of each, and the best
+            for t, u in flat_sweep if kernel_times else ():
+                partial.fill(0)
+                kms = kernel_ms(lambda s=s, t=t, u=u: k_read_flat(s, partial, t, u), repeats=repeats)
+                if int(partial.to_numpy().sum()) != int(reference.sum()):
+                    raise AssertionError(f"{dist}: {name} flat read ({t}x{u}) sum differs")
+                row.setdefault("flat_sweep_kms", {})[f"{t}x{u}"] = kms
+            if row.get("flat_sweep_kms"):
+                cfg, kms = min(row["flat_sweep_kms"].items(), key=lambda kv: kv[1])
+                if kms < row["flat_read_kms"]:
+                    row["flat_best_cfg"], row["flat_best_kGBps"] = cfg, (live_bytes / 1e9) / (kms / 1e3)
+                else:
+                    row["flat_best_cfg"], row["flat_best_kGBps"] = f"{FLAT_THREADS}x{FLAT_UNROLL}", row["flat_read_kGBps"]
             row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
             if " reduce x" not in name:
                 row["grow_ms"], row["grow_lists"] = grow_ms(s, refill, max(3, repeats // 4))
@@ -472,6 +489,8 @@ COLUMNS = [
     ("read_ms", "read-all (get loop) ms", "{:.3f}"), ("read_kms", "read-all device ms", "{:.3f}"),
     ("read_kx_padded", "read x padded (device)", "{:.2f}"), ("reduce_kx_padded", "reduce x padded (device)", "{:.2f}"),
     ("flat_read_kGBps", "flat GB/s (device)", "{:.0f}"), ("flat_read_kpct_copy_bw", "flat % copy BW (device)", "{:.0f}"),
+    ("flat_best_cfg", "flat sweep's best threads x unroll", "{}"),
+    ("flat_best_kpct_copy_bw", "flat sweep's best % copy BW (device)", "{:.0f}"),
     ("reduce_kms", "reduce device ms", "{:.4f}"), ("reduce_warp_kms", "reduce_warp device ms", "{:.4f}"),
     ("reduce_warp_kx_padded", "reduce_warp x padded's reduce_warp (device)", "{:.2f}"),
     ("reduce_warp_kx_padded_best", "reduce_warp x padded's best read (device)", "{:.2f}"),
@@ -505,6 +524,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reduce-unrolls", default="",
                    help="comma list: extra rows, the tuned VLA with reduce() keeping N pool loads in flight (e.g. 32,64)")
+    p.add_argument("--flat-sweep", default="",
+                   help="comma list of THREADSxUNROLL: the flat read also with these (device time, needs "
+                        "--kernel-times), e.g. 524288x4,262144x8")
     p.add_argument("--kernel-times", action="store_true",
                    help="also report device time per operation (Taichi's kernel profiler), not only wall time")
     args = p.parse_args(argv)
@@ -518,6 +540,13 @@ def main(argv=None):
         unrolls = [int(u) for u in args.reduce_unrolls.split(",") if u.strip()]
     except ValueError:
         raise UserError(f"--reduce-unrolls: expected a comma list of positive ints, got {args.reduce_unrolls!r}") from None
+    try:
+        flat_sweep = [tuple(int(x) for x in c.lower().split("x")) for c in args.flat_sweep.split(",") if c.strip()]
+        if any(len(c) != 2 or min(c) < 1 for c in flat_sweep):
+            raise ValueError
+    except ValueError:
+        raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL (positive ints), got "
+                        f"{args.flat_sweep!r}") from None
     kinds = [k for k in args.stores.split(",") if k]
     for k in kinds:
         if k not in STORE_KINDS:
@@ -532,7 +561,7 @@ def main(argv=None):
     rows, tuned = [], {}
     for d in dists:
         r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times,
-                                  reduce_unrolls=unrolls, kinds=kinds)
+                                  reduce_unrolls=unrolls, kinds=kinds, flat_sweep=flat_sweep)
         rows += r
         tuned[d] = t
     bw, kbw = copy_bandwidth_GBps(repeats, small, args.kernel_times)
@@ -541,6 +570,8 @@ def main(argv=None):
             r["flat_read_pct_copy_bw"] = 100 * r["flat_read_GBps"] / bw
         if "flat_read_kGBps" in r and kbw:
             r["flat_read_kpct_copy_bw"] = 100 * r["flat_read_kGBps"] / kbw
+        if "flat_best_kGBps" in r and kbw:
+            r["flat_best_kpct_copy_bw"] = 100 * r["flat_best_kGBps"] / kbw
     dev = device_name(arch)
     header = (f"VLA benchmark on {dev} (arch {arch}); plain copy kernel: {bw:.0f} GB/s wall"
               + (f", {kbw:.0f} GB/s device time" if kbw else "") + f"; repeats {repeats} (wall: median)")
