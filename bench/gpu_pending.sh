@@ -9,7 +9,7 @@ out=${2:?usage: bench/gpu_pending.sh a|b OUT_DIR}
 mkdir -p "$out"
 t0=$SECONDS
 left() {  # seconds for the next step: its own limit, or what is left of 570 s
-    local l=$((570 - (SECONDS - t0)))
+    local l=$((${PENDING_BUDGET:-570} - (SECONDS - t0)))
     [ "$l" -gt "$1" ] && l=$1
     [ "$l" -lt 5 ] && l=5
     echo "$l"
