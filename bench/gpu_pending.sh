@@ -28,7 +28,7 @@ if [ "$part" = a ]; then
 else
     echo "== bench vla, heavy tail: padded and VLA rows again, the flat read also with other threads x unrolls"
     timeout "$(left 240)" python run.py bench vla --arch cuda --dists heavy --stores padded,vla --repeats 10 \
-        --kernel-times --flat-sweep 524288x4,1048576x4,262144x8,524288x8 --out "$out/vla_sweep" 2>&1 \
+        --kernel-times --flat-sweep 524288x4,262144x8,walk8,walk16,walk32 --out "$out/vla_sweep" 2>&1 \
         | grep -v Warning | tail -10
     for k in 1 2; do
         echo "== bench sim pile_1m, vla, run $k ($((SECONDS - t0)) s)"

@@ -249,6 +249,24 @@ def k_read_flat(v: ti.template(), partial: ti.template(), threads: ti.template()
 
 
 @ti.kernel
+def k_read_flat_walk(v: ti.template(), partial: ti.template(), seg: ti.template()):
+    # Each thread walks `seg` neighbouring slots through flat_index_after, the list found for one slot being where
+    # the next one's owner lookup starts (runs="ordered": a step forward instead of a search); loads are not
+    # coalesced across a warp (lanes seg slots apart) but each thread's run of slots shares its cache lines.
+    n = v.flat_size()
+    for g in range((n + seg - 1) // seg):
+        acc = ti.i64(0)
+        prev = -1
+        for j in ti.static(range(seg)):
+            e = g * seg + j
+            if e < n:
+                i, k, o = v.flat_index_after(e, prev)
+                prev = o
+                acc += ti.select(i >= 0, ti.cast(v.flat_value(e), ti.i64), ti.i64(0))
+        ti.atomic_add(partial[g & (FLAT_THREADS - 1)], acc)
+
+
+@ti.kernel
 def k_copy(src: ti.template(), dst: ti.template()):
     for j in src:
         dst[j] = src[j]
@@ -405,7 +423,7 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             row["device_MB"] = st["device_bytes"] / 1e6
             row["device_over_live"] = st["device_bytes"] / live_bytes
             row["grow_events"] = st["grow_events"]
-            partial = ti.field(ti.i64, shape=max([FLAT_THREADS] + [t for t, _ in flat_sweep]))
+            partial = ti.field(ti.i64, shape=max([FLAT_THREADS] + [t for t, _ in flat_sweep]))  # (walk: FLAT_THREADS)
             flat = lambda s=s, t=FLAT_THREADS, u=FLAT_UNROLL: k_read_flat(s, partial, t, u)  # noqa: E731
             row["flat_read_ms"] = time_ms(flat, repeats=repeats)
             if kernel_times:
@@ -416,11 +434,15 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             # the same walk with other thread counts and unrolls (the consumer's tuning, not the VLA's): device
             # time of each, and the best
             for t, u in flat_sweep if kernel_times else ():
+                # (t, u): t threads striding, u slots unrolled; (0, seg): the walk of seg neighbouring slots
+                cfg = f"walk{u}" if t == 0 else f"{t}x{u}"
+                walk = lambda s=s, t=t, u=u: (k_read_flat_walk(s, partial, u) if t == 0  # noqa: E731
+                                             else k_read_flat(s, partial, t, u))
                 partial.fill(0)
-                kms = kernel_ms(lambda s=s, t=t, u=u: k_read_flat(s, partial, t, u), repeats=repeats)
+                walk()
                 if int(partial.to_numpy().sum()) != int(reference.sum()):
-                    raise AssertionError(f"{dist}: {name} flat read ({t}x{u}) sum differs")
-                row.setdefault("flat_sweep_kms", {})[f"{t}x{u}"] = kms
+                    raise AssertionError(f"{dist}: {name} flat read ({cfg}) sum differs")
+                row.setdefault("flat_sweep_kms", {})[cfg] = kernel_ms(walk, repeats=repeats)
             if row.get("flat_sweep_kms"):
                 cfg, kms = min(row["flat_sweep_kms"].items(), key=lambda kv: kv[1])
                 if kms < row["flat_read_kms"]:
@@ -525,8 +547,9 @@ def main(argv=None):
     p.add_argument("--reduce-unrolls", default="",
                    help="comma list: extra rows, the tuned VLA with reduce() keeping N pool loads in flight (e.g. 32,64)")
     p.add_argument("--flat-sweep", default="",
-                   help="comma list of THREADSxUNROLL: the flat read also with these (device time, needs "
-                        "--kernel-times), e.g. 524288x4,262144x8")
+                   help="comma list of THREADSxUNROLL or walkSEG: the flat read also with these (device time, needs "
+                        "--kernel-times), e.g. 524288x4,262144x8,walk16 (walkSEG: each thread SEG neighbouring "
+                        "slots through flat_index_after)")
     p.add_argument("--kernel-times", action="store_true",
                    help="also report device time per operation (Taichi's kernel profiler), not only wall time")
     args = p.parse_args(argv)
@@ -541,11 +564,12 @@ def main(argv=None):
     except ValueError:
         raise UserError(f"--reduce-unrolls: expected a comma list of positive ints, got {args.reduce_unrolls!r}") from None
     try:
-        flat_sweep = [tuple(int(x) for x in c.lower().split("x")) for c in args.flat_sweep.split(",") if c.strip()]
-        if any(len(c) != 2 or min(c) < 1 for c in flat_sweep):
+        flat_sweep = [(0, int(c.strip()[4:])) if c.strip().lower().startswith("walk")
+                      else tuple(int(x) for x in c.lower().split("x")) for c in args.flat_sweep.split(",") if c.strip()]
+        if any(len(c) != 2 or c[1] < 1 or c[0] < 0 for c in flat_sweep):
             raise ValueError
     except ValueError:
-        raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL (positive ints), got "
+        raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL or walkSEG (positive ints), got "
                         f"{args.flat_sweep!r}") from None
     kinds = [k for k in args.stores.split(",") if k]
     for k in kinds:

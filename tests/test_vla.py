@@ -75,6 +75,25 @@ def k_flat_sum(v: ti.template(), out: _i32_nd):
 
 
 @ti.kernel
+def k_flat_walk_sum(v: ti.template(), out: _i32_nd, seg: ti.i32, stride: ti.i32):
+    # each thread walks `seg` slots, `stride` apart, through flat_index_after (the list found for one slot is the
+    # next one's start: runs="ordered" steps forward, or searches when the walk jumped more than a few lists);
+    # strides 1..3 with seg 7 cover every slot exactly once: thread g of residue r takes r + stride*(seg*g + j)
+    n = v.flat_size()
+    for g in range(stride * ((n + seg * stride - 1) // (seg * stride))):
+        r = g % stride
+        e = r + stride * seg * (g // stride)
+        prev = -1
+        for _j in range(seg):
+            if e < n:
+                i, k, o = v.flat_index_after(e, prev)
+                prev = o
+                if i >= 0:
+                    ti.atomic_add(out[i], v.flat_value(e) + 0 * k)
+            e += stride
+
+
+@ti.kernel
 def k_flat_and_pending_sum(v: ti.template(), out: _i32_nd, seen: _i32_nd):
     for e in range(v.flat_size()):
         i, k = v.flat_index(e)
@@ -715,6 +734,9 @@ def test_growth_moves_only_the_lists_that_grew():
     out.fill(0)
     k_flat_sum(v, out)
     np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+    out.fill(0)
+    k_flat_walk_sum(v, out, 7, 1)   # runs="bump": the same owners, holes (-1) between walks' slots included
+    np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
     v.trim()
     assert v.stats()["pool_chunks_holes"] == 0
     assert sorted_lists(v) == [sorted(r) for r in ref]
@@ -908,7 +930,13 @@ def test_ordered_runs_hint_every_sets_the_hint_table_and_keeps_the_flat_walk_exa
     out.fill(0)
     k_flat_sum(v, out)
     list_of = np.repeat(np.arange(lens.size), lens)
-    np.testing.assert_array_equal(out.to_numpy(), np.bincount(list_of, weights=vals, minlength=lens.size))
+    expect = np.bincount(list_of, weights=vals, minlength=lens.size)
+    np.testing.assert_array_equal(out.to_numpy(), expect)
+    # the walk through flat_index_after: neighbouring slots (steps), slots 3 apart (some jumps past 4 lists: searches)
+    for stride in (1, 3):
+        out.fill(0)
+        k_flat_walk_sum(v, out, 7, stride)
+        np.testing.assert_array_equal(out.to_numpy(), expect)
     for bad in (0, 3, 2.0, True):
         with pytest.raises(ValueError, match="hint_every"):
             VLA(4, ti.i32, runs="ordered", hint_every=bad)

@@ -517,7 +517,7 @@ class VLA:
     Kernel-side methods (``@ti.func``): :meth:`append`, :meth:`length`, :meth:`get`, :meth:`set`,
     :meth:`get_member`, :meth:`set_member`, :meth:`set_members` (struct elements), :meth:`clear`,
     :meth:`reduce`, :meth:`reduce_warp`, :meth:`for_each`, :meth:`capacity`, :meth:`flat_size`,
-    :meth:`flat_index`, :meth:`flat_value`, :meth:`flat_inline_begin`, :meth:`flat_pool_begin`,
+    :meth:`flat_index`, :meth:`flat_index_after`, :meth:`flat_value`, :meth:`flat_inline_begin`, :meth:`flat_pool_begin`,
     :meth:`flat_pool_size`, :meth:`pending_size`, :meth:`pending_index`, :meth:`pending_value`, :meth:`get_inline`.
     """
 
@@ -832,8 +832,18 @@ class VLA:
         Slots run over the inline tier (list by list) then over the pool's chunks, so a loop over
         range(flat_size()) is load-balanced and reads memory in order. The element is flat_value(e).
         """
+        i, k, o = self.flat_index_after(e, -1)
+        return i, k
+
+    @ti.func
+    def flat_index_after(self, e, prev):
+        """flat_index(e) for a walk that visits slots in increasing order: returns (list, index, owner), where
+        owner is what to pass as ``prev`` with the walk's next slot (-1 the first time). runs="ordered" then
+        steps forward from the previous slot's list (a load or two for neighbouring slots) instead of
+        searching from the hint; runs="bump" looks the owner up either way (one load)."""
         i = -1
         k = -1
+        o = -1
         if e < self._n_inline:
             ii = e // self.inline_capacity
             kk = e - ii * self.inline_capacity
@@ -843,13 +853,28 @@ class VLA:
         else:
             q = e - self._n_inline
             t = q >> self._chunk_shift
-            o = self._owner_of_chunk(t)
+            if ti.static(self.runs == "ordered"):
+                # step forward from prev while the next run starts at or before t (at most a few lists
+                # between neighbouring slots); a walk that jumped further, or its first slot, searches
+                o = prev
+                search = True
+                if o >= 0:
+                    steps = 0
+                    while steps < 4 and self.table_start[o + 1] <= t:
+                        o += 1
+                        steps += 1
+                    # (o < num_arrays: table_start[num_arrays], the pool's end, is above every slot's chunk)
+                    search = self.table_start[o + 1] <= t or self.table_start[o] > t
+                if search:
+                    o = self._owner_of_chunk(t)
+            else:
+                o = self._owner_of_chunk(t)
             if o >= 0:
                 kk = self.inline_capacity + ((t - self.table_start[o]) << self._chunk_shift) + (q & (self.chunk_size - 1))
                 if kk < self.length_field[o]:
                     i = o
                     k = kk
-        return i, k
+        return i, k, o
 
     @ti.func
     def flat_value(self, e):
