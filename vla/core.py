@@ -33,7 +33,7 @@ If even the overflow area was too small, ``commit`` grows everything to the dema
 again, so a caller that uses ``launch`` never loses an element.
 
 With ``runs="ordered"`` the runs lie in list order instead (a list's run ends where the next one's starts),
-which drops the per-list run length and the per-chunk owner table (8 bytes a list and 4 per 64 chunks of
+which drops the per-list run length and the per-chunk owner table (8 bytes a list and 4 per hint_every chunks of
 metadata instead of 12 and 4 a chunk) at the price of growth: any list that grows re-lays out the whole pool,
 on the host's side of commit.
 
@@ -996,7 +996,7 @@ class VLA:
     def _owner_of_chunk(self, t):
         """The list whose run holds chunk t (t below the bump), or -1 (bump: a hole). runs="ordered": the
         last list whose run starts at or before t (lists with empty runs share their start with the next
-        list, so the last one is the owner), searched between the owners of the 64-chunk blocks around t."""
+        list, so the last one is the owner), searched between the owners of the hint_every-chunk blocks around t."""
         o = -1
         if ti.static(self.runs == "ordered"):
             b = t >> ti.static(self._hint_shift)
