@@ -53,3 +53,33 @@ def test_growth_in_debug_mode_recompiles_and_stays_correct(runs):
     launch(k_fill, v, 400)
     assert v.stats()["recompile_events"] >= 1
     assert sorted(v.to_lists()[1]) == list(range(1, 400, 4))
+
+
+@ti.kernel
+def k_walk_sum(v: ti.template()) -> ti.i64:
+    # one thread walks every slot in order through flat_index_after (the owner of each slot the next one's start)
+    acc = ti.i64(0)
+    ti.loop_config(serialize=True)
+    for _ in range(1):
+        prev = -1
+        for e in range(v.flat_size()):
+            i, k, o = v.flat_index_after(e, prev)
+            prev = o
+            if i >= 0:
+                acc += v.flat_value(e) + 0 * k
+    return acc
+
+
+@pytest.mark.parametrize("runs", ["bump", "ordered"])
+@pytest.mark.parametrize("last", [0, 7])
+def test_flat_walk_stays_inside_its_fields_in_debug_mode(runs, last):
+    # flat_index_after steps to table_start[owner + 1] and, past the last list, to table_start[num_arrays] (the
+    # pool's end, ordered) and the last hint: the debug checks verify each index on every slot of a whole walk,
+    # empty lists (runs of no chunks) at the start and in the middle included, the last list empty or not.
+    lens = np.array([0, 5, 0, 0, 9, 1, 0, 12, last], np.int64)
+    v = VLA(lens.size, ti.i32, inline_capacity=1, chunk_size=2, runs=runs, hint_every=2 if runs == "ordered" else 64,
+            name="dbg-walk")
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    vals = np.arange(1, offsets[-1] + 1, dtype=np.int32) * 3
+    v.from_csr(offsets, vals)
+    assert k_walk_sum(v) == int(vals.sum())
