@@ -1266,6 +1266,16 @@ def test_random_operation_sequences_match_list_reference(config, ops):
         got = v.to_lists()
         assert [sorted(l) for l in got] == [sorted(l) for l in ref], f"after {kind}"
         assert v.lengths().tolist() == [len(l) for l in ref]
+    # the flat iteration, strided and walked through flat_index_after, sees every element once
+    v.commit()
+    sums = np.array([sum(l) for l in ref], np.int64)
+    out = _PROP.setdefault("out", ti.ndarray(ti.i32, 6))
+    out.fill(0)
+    k_flat_sum(v, out)
+    assert out.to_numpy().tolist() == sums.tolist()
+    out.fill(0)
+    k_flat_walk_sum(v, out, 5, 1)
+    assert out.to_numpy().tolist() == sums.tolist()
 
 
 def test_capacity_error_names_the_knob():
