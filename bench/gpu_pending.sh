@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What sessions 21-23 left for the GPU (docs/benchmarks.md, "Pending on the GPU"), most important first, in one or
-# two device calls of < 10 min (each step gets what is left of the call's 570 s, at most its own limit):
+# The two device calls of session 23 that measured what sessions 21 and 22 had left for the GPU (docs/benchmarks.md,
+# "Session 23"; raw logs docs/results/h200/gpu_pending_s23_{a,b}.log), kept to re-run them: most important first,
+# each step getting what is left of the call's PENDING_BUDGET (570 s by default), at most its own limit:
 #   run: source .device/env.sh; bash bench/gpu_pending.sh a $OUT
 #   run: source .device/env.sh; bash bench/gpu_pending.sh b $OUT
 # Part b (session 23's second call): the flat read's thread/unroll sweep, pile_1m twice more, boulders on/off.

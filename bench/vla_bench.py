@@ -464,16 +464,18 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
         row["reserved_MB"] = reserved / 1e6
         row["reserved_over_live"] = reserved / live_bytes
         rows.append(row)
-    # Ratios against both baselines, per distribution.
+    # Ratios against each baseline that ran (--stores), per distribution.
     base = {r["store"]: r for r in rows}
     for r in rows:
-        if "padded" not in base or "dynamic" not in base:
-            continue
         for b in ("padded", "dynamic"):
+            if b not in base:
+                continue
             for op in ("fill", "read"):
                 r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
                 if f"{op}_kms" in r:
                     r[f"{op}_kx_{b}"] = base[b][f"{op}_kms"] / r[f"{op}_kms"]
+        if "padded" not in base:
+            continue
         if "reduce_ms" in r:
             r["reduce_x_padded"] = base["padded"]["reduce_ms"] / r["reduce_ms"]
             if "reduce_kms" in r:
@@ -571,6 +573,8 @@ def main(argv=None):
     except ValueError:
         raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL or walkSEG (positive ints), got "
                         f"{args.flat_sweep!r}") from None
+    if flat_sweep and not args.kernel_times:
+        raise UserError("--flat-sweep: times device kernels only; add --kernel-times")
     kinds = [k for k in args.stores.split(",") if k]
     for k in kinds:
         if k not in STORE_KINDS:
