@@ -5,8 +5,10 @@
 #   run: source .device/env.sh; bash bench/gpu_pending.sh a $OUT
 #   run: source .device/env.sh; bash bench/gpu_pending.sh b $OUT
 # Part b (session 23's second call): the flat read's thread/unroll sweep, pile_1m twice more, boulders on/off.
-part=${1:?usage: bench/gpu_pending.sh a|b OUT_DIR}
-out=${2:?usage: bench/gpu_pending.sh a|b OUT_DIR}
+# Part c (session 24): the VLA bench in rounds (medians), the flat read through flat_reduce; VLA tests on CUDA.
+#   run: source .device/env.sh; bash bench/gpu_pending.sh c $OUT
+part=${1:?usage: bench/gpu_pending.sh a|b|c OUT_DIR}
+out=${2:?usage: bench/gpu_pending.sh a|b|c OUT_DIR}
 mkdir -p "$out"
 t0=$SECONDS
 left() {  # seconds for the next step: its own limit, or what is left of 570 s
@@ -26,6 +28,14 @@ if [ "$part" = a ]; then
     echo "== VLA tests on CUDA, both runs ($((SECONDS - t0)) s)"
     SMOLVLA_TEST_ARCH=cuda timeout "$(left 200)" python -m pytest tests/test_vla.py tests/test_vla_limits.py -q -x \
         -p no:cacheprovider -n 0 2>&1 | tail -3
+elif [ "$part" = c ]; then
+    echo "== bench vla, heavy tail: every store, ${ROUNDS:-5} rounds taking turns, the flat read in several forms"
+    timeout "$(left 330)" python run.py bench vla --arch cuda --dists heavy --repeats 10 \
+        --kernel-times --rounds "${ROUNDS:-5}" --flat-sweep walk8,fold4,fold8,fold16,fold32 --out "$out/vla_rounds" \
+        2>&1 | grep -v Warning | tail -24
+    echo "== VLA tests on CUDA ($((SECONDS - t0)) s)"
+    SMOLVLA_TEST_ARCH=cuda timeout "$(left 230)" python -m pytest tests/test_vla.py tests/test_vla_limits.py \
+        tests/test_vla_debug.py -q -x -p no:cacheprovider -n 0 2>&1 | tail -3
 else
     echo "== bench vla, heavy tail: padded and VLA rows again, the flat read also with other threads x unrolls"
     timeout "$(left 240)" python run.py bench vla --arch cuda --dists heavy --stores padded,vla --repeats 10 \

@@ -266,6 +266,49 @@ def k_read_flat_walk(v: ti.template(), partial: ti.template(), seg: ti.template(
         ti.atomic_add(partial[g & (FLAT_THREADS - 1)], acc)
 
 
+@ti.func
+def _add_element(acc, i, k, x):
+    return acc + ti.cast(x, ti.i64)
+
+
+@ti.kernel
+def k_read_flat_fold(v: ti.template(), partial: ti.template(), seg: ti.template()):
+    # Each thread folds `seg` neighbouring slots through VLA.flat_reduce: the seg loads issued first, the current
+    # list kept in registers (runs="ordered": steps forward; a search only for the thread's first slot).
+    n = v.flat_size()
+    for g in range((n + seg - 1) // seg):
+        ti.atomic_add(partial[g & (FLAT_THREADS - 1)], v.flat_reduce(g * seg, seg, _add_element, ti.i64(0)))
+
+
+def parse_flat_form(text):
+    """"TxU" -> ("stride", T, U): T threads striding over the slots, U unrolled (flat_index); "walkS" -> ("walk", S):
+    a thread walks S neighbouring slots through flat_index_after; "foldS" -> ("fold", S): through flat_reduce.
+    Raises ValueError."""
+    t = text.strip().lower()
+    for kind in ("walk", "fold"):
+        if t.startswith(kind):
+            seg = int(t[len(kind):])
+            if seg < 1:
+                raise ValueError(text)
+            return kind, seg
+    threads, unroll = (int(x) for x in t.split("x"))
+    if threads < 1 or unroll < 1:
+        raise ValueError(text)
+    return "stride", threads, unroll
+
+
+def _flat_name(form):
+    return f"{form[1]}x{form[2]}" if form[0] == "stride" else f"{form[0]}{form[1]}"
+
+
+def _flat_kernel(form, v, partial):
+    if form[0] == "walk":
+        return lambda: k_read_flat_walk(v, partial, form[1])
+    if form[0] == "fold":
+        return lambda: k_read_flat_fold(v, partial, form[1])
+    return lambda: k_read_flat(v, partial, form[1], form[2])
+
+
 @ti.kernel
 def k_copy(src: ti.template(), dst: ti.template()):
     for j in src:
@@ -331,7 +374,9 @@ STORE_KINDS = ("padded", "dynamic", "vla")
 
 
 def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=(), kinds=STORE_KINDS,
-                       flat_sweep=()):
+                       flat_sweep=(), rounds=1, copy_bw=lambda: (None, None)):
+    """Rows of every store on one length distribution. flat_sweep: flat-read forms as parse_flat_form gives them;
+    copy_bw(): (wall GB/s, device GB/s or None) of the copy kernel, measured once per round."""
     from vla import VLA
 
     lens_np, max_len = make_lengths(dist, n, rng)
@@ -378,19 +423,17 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
                        lambda u=unroll: _with_unroll(VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"],
                                                          chunk_size=tuned["chunk_size"], name="bench"), u)))
     stores = [(name, make) for name, make in stores if name.split(" ")[0] in kinds]
+    built = []
     for name, make in stores:
         s = make()
-        row = {"dist": dist, "store": name, "arrays": n, "elements": int(lens_np.sum()), "live_MB": live_bytes / 1e6}
         if isinstance(s, DynamicArrays):
             def refill(s=s):
                 s.clear_all()
                 k_fill(s, lens)
-            reserved = s.reserved_bytes_estimate(lens_np)
         elif isinstance(s, PaddedArrays):
             def refill(s=s):
                 k_clear(s)
                 k_fill(s, lens)
-            reserved = s.reserved_bytes()
         else:
             launch(k_fill, s, lens)  # first fill learns the capacity (overflow -> grow -> re-run)
             s.trim()
@@ -399,23 +442,60 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
                 s.clear_all()
                 k_fill(s, lens)
                 s.commit()
-        row["fill_ms"] = time_ms(refill, repeats=repeats)
-        row["read_ms"] = time_ms(lambda s=s: k_read(s, out), repeats=repeats)
+        built.append((name, s, refill))
+    partial = ti.field(ti.i64, shape=max([FLAT_THREADS] + [c[1] for c in flat_sweep if c[0] == "stride"]))
+
+    def time_store(name, s, refill):
+        """One round of the timed operations of one store, each checked against the reference."""
+        m = {"fill_ms": time_ms(refill, repeats=repeats), "read_ms": time_ms(lambda: k_read(s, out), repeats=repeats)}
         if kernel_times:
-            row["fill_kms"] = kernel_ms(refill, repeats=repeats)
-            row["read_kms"] = kernel_ms(lambda s=s: k_read(s, out), repeats=repeats)
+            m["fill_kms"] = kernel_ms(refill, repeats=repeats)
+            m["read_kms"] = kernel_ms(lambda: k_read(s, out), repeats=repeats)
         check(name)
-        if hasattr(s, "reduce"):
-            row["reduce_ms"] = time_ms(lambda s=s: k_read_reduce(s, out), repeats=repeats)
-            if kernel_times:
-                row["reduce_kms"] = kernel_ms(lambda s=s: k_read_reduce(s, out), repeats=repeats)
-            check(name + " reduce")
-        if hasattr(s, "reduce_warp"):
-            row["reduce_warp_ms"] = time_ms(lambda s=s: k_read_reduce_warp(s, out), repeats=repeats)
-            if kernel_times:
-                row["reduce_warp_kms"] = kernel_ms(lambda s=s: k_read_reduce_warp(s, out), repeats=repeats)
-            check(name + " reduce_warp")
+        for op, kern in (("reduce", k_read_reduce), ("reduce_warp", k_read_reduce_warp)):
+            if hasattr(s, op):
+                m[f"{op}_ms"] = time_ms(lambda: kern(s, out), repeats=repeats)
+                if kernel_times:
+                    m[f"{op}_kms"] = kernel_ms(lambda: kern(s, out), repeats=repeats)
+                check(f"{name} {op}")
         if isinstance(s, VLA):
+            flat = lambda: k_read_flat(s, partial, FLAT_THREADS, FLAT_UNROLL)  # noqa: E731
+            m["flat_read_ms"] = time_ms(flat, repeats=repeats)
+            if kernel_times:
+                m["flat_read_kms"] = kernel_ms(flat, repeats=repeats)
+            if int(partial.to_numpy().sum()) != int(reference.sum()):
+                raise AssertionError(f"{dist}: {name} flat read sum differs")
+            # the flat read in other forms (the consumer's choice, not the VLA's): device time of each
+            for cfg in flat_sweep if kernel_times else ():
+                run = _flat_kernel(cfg, s, partial)
+                partial.fill(0)
+                run()
+                if int(partial.to_numpy().sum()) != int(reference.sum()):
+                    raise AssertionError(f"{dist}: {name} flat read ({_flat_name(cfg)}) sum differs")
+                m.setdefault("flat_sweep_kms", {})[_flat_name(cfg)] = kernel_ms(run, repeats=repeats)
+        return m
+
+    # Rounds: every store's timed operations once per round, each round starting one store later (as bench sim
+    # --repeats), so that a drift of the device's speed over the run spreads over all of them; ratios are taken
+    # within a round, and the row reports the median over rounds.
+    per_round = []
+    for rnd in range(rounds):
+        copy = copy_bw()
+        timed = {name: time_store(name, s, refill) for name, s, refill in built[rnd % len(built):] + built[:rnd % len(built)]}
+        round_rows = [dict(timed[name], store=name, copy_GBps=copy[0], copy_kGBps=copy[1]) for name, _, _ in built]
+        _add_ratios(round_rows, live_bytes)
+        per_round.append({r["store"]: r for r in round_rows})
+    rows = []
+    for name, s, refill in built:
+        row = {"dist": dist, "store": name, "arrays": n, "elements": int(lens_np.sum()), "live_MB": live_bytes / 1e6}
+        row.update(_median_of_rounds([pr[name] for pr in per_round]))
+        if rounds > 1:
+            row["rounds"] = [pr[name] for pr in per_round]
+        if isinstance(s, DynamicArrays):
+            reserved = s.reserved_bytes_estimate(lens_np)
+        elif isinstance(s, PaddedArrays):
+            reserved = s.reserved_bytes()
+        else:
             st = s.stats()
             reserved = st["reserved_bytes"]
             row["element_reserved_MB"] = st["element_reserved_bytes"] / 1e6
@@ -423,33 +503,6 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
             row["device_MB"] = st["device_bytes"] / 1e6
             row["device_over_live"] = st["device_bytes"] / live_bytes
             row["grow_events"] = st["grow_events"]
-            partial = ti.field(ti.i64, shape=max([FLAT_THREADS] + [t for t, _ in flat_sweep]))  # (walk: FLAT_THREADS)
-            flat = lambda s=s, t=FLAT_THREADS, u=FLAT_UNROLL: k_read_flat(s, partial, t, u)  # noqa: E731
-            row["flat_read_ms"] = time_ms(flat, repeats=repeats)
-            if kernel_times:
-                row["flat_read_kms"] = kernel_ms(flat, repeats=repeats)
-                row["flat_read_kGBps"] = (live_bytes / 1e9) / (row["flat_read_kms"] / 1e3)
-            if int(partial.to_numpy().sum()) != int(reference.sum()):
-                raise AssertionError(f"{dist}: {name} flat read sum differs")
-            # the same walk with other thread counts and unrolls (the consumer's tuning, not the VLA's): device
-            # time of each, and the best
-            for t, u in flat_sweep if kernel_times else ():
-                # (t, u): t threads striding, u slots unrolled; (0, seg): the walk of seg neighbouring slots
-                cfg = f"walk{u}" if t == 0 else f"{t}x{u}"
-                walk = lambda s=s, t=t, u=u: (k_read_flat_walk(s, partial, u) if t == 0  # noqa: E731
-                                             else k_read_flat(s, partial, t, u))
-                partial.fill(0)
-                walk()
-                if int(partial.to_numpy().sum()) != int(reference.sum()):
-                    raise AssertionError(f"{dist}: {name} flat read ({cfg}) sum differs")
-                row.setdefault("flat_sweep_kms", {})[cfg] = kernel_ms(walk, repeats=repeats)
-            if row.get("flat_sweep_kms"):
-                cfg, kms = min(row["flat_sweep_kms"].items(), key=lambda kv: kv[1])
-                if kms < row["flat_read_kms"]:
-                    row["flat_best_cfg"], row["flat_best_kGBps"] = cfg, (live_bytes / 1e9) / (kms / 1e3)
-                else:
-                    row["flat_best_cfg"], row["flat_best_kGBps"] = f"{FLAT_THREADS}x{FLAT_UNROLL}", row["flat_read_kGBps"]
-            row["flat_read_GBps"] = (live_bytes / 1e9) / (row["flat_read_ms"] / 1e3)
             if " reduce x" not in name:
                 row["grow_ms"], row["grow_lists"] = grow_ms(s, refill, max(3, repeats // 4))
             if reuse and dist != "uniform1024" and " reduce x" not in name:
@@ -459,12 +512,21 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
                 row["reuse_staged_ms"] = time_ms(lambda s=s: k_reuse_staged(s, rout), repeats=repeats)
                 if not np.array_equal(rout.to_numpy(), ref_reuse):
                     raise AssertionError(f"{dist}: staged reads differ from global reads")
-        elif getattr(s, "overflow", None) is not None and int(s.overflow[None]) > 0:
+        if not isinstance(s, VLA) and int(s.overflow[None]) > 0:   # (the baselines count what they drop)
             row["overflow"] = int(s.overflow[None])
         row["reserved_MB"] = reserved / 1e6
         row["reserved_over_live"] = reserved / live_bytes
         rows.append(row)
-    # Ratios against each baseline that ran (--stores), per distribution.
+    if any(r["store"] == "padded" for r in rows):
+        pad = next(r for r in rows if r["store"] == "padded")
+        for r in rows:
+            r["mem_vs_padded"] = r["reserved_MB"] / pad["reserved_MB"]
+    return rows, tuned
+
+
+def _add_ratios(rows, live_bytes):
+    """Ratios of one round's rows against each baseline that ran (padded, dynamic), and the flat reads' bandwidth
+    as GB/s and as a share of the copy kernel's (measured in the same round)."""
     base = {r["store"]: r for r in rows}
     for r in rows:
         for b in ("padded", "dynamic"):
@@ -474,6 +536,18 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
                 r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
                 if f"{op}_kms" in r:
                     r[f"{op}_kx_{b}"] = base[b][f"{op}_kms"] / r[f"{op}_kms"]
+        if "flat_read_ms" in r:
+            r["flat_read_GBps"] = (live_bytes / 1e9) / (r["flat_read_ms"] / 1e3)
+            r["flat_read_pct_copy_bw"] = 100 * r["flat_read_GBps"] / r["copy_GBps"]
+            if "flat_read_kms" in r and r["copy_kGBps"]:
+                r["flat_read_kGBps"] = (live_bytes / 1e9) / (r["flat_read_kms"] / 1e3)
+                r["flat_read_kpct_copy_bw"] = 100 * r["flat_read_kGBps"] / r["copy_kGBps"]
+                # the flat read's best form: the default strided kernel or one of --flat-sweep's
+                forms = dict(r.get("flat_sweep_kms", {}), **{f"{FLAT_THREADS}x{FLAT_UNROLL}": r["flat_read_kms"]})
+                r["flat_sweep_kpct"] = {c: 100 * (live_bytes / 1e9) / (kms / 1e3) / r["copy_kGBps"]
+                                        for c, kms in forms.items()}
+                best = max(r["flat_sweep_kpct"].items(), key=lambda kv: kv[1])
+                r["flat_best_round"] = f"{best[1]:.0f} ({best[0]})"
         if "padded" not in base:
             continue
         if "reduce_ms" in r:
@@ -491,19 +565,54 @@ def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, re
                 r["reduce_warp_kx_padded"] = p["reduce_warp_kms"] / r["reduce_warp_kms"]
                 r["reduce_warp_kx_padded_best"] = (min(min(q["read_kms"], q["reduce_kms"], q["reduce_warp_kms"])
                                                        for q in pads) / r["reduce_warp_kms"])
-        r["mem_vs_padded"] = r["reserved_MB"] / base["padded"]["reserved_MB"]
-    return rows, tuned
 
 
-def copy_bandwidth_GBps(repeats, small, kernel_times=False):
-    """(wall-clock GB/s, device-time GB/s or None) of a plain copy kernel, counting bytes read + written."""
+def _median_of_rounds(rounds):
+    """One row from the rounds' rows of a store: the median of every number (of every entry of a dict of numbers)
+    over the rounds, the lower middle one for an even count; and the flat read's best form, the one of highest
+    median share of copy bandwidth."""
+    def med(xs):
+        xs = sorted(x for x in xs if x is not None)
+        return xs[(len(xs) - 1) // 2] if xs else None
+
+    out = {}
+    for key in rounds[0]:
+        vals = [r.get(key) for r in rounds]
+        if isinstance(vals[0], dict):
+            out[key] = {c: med([v.get(c) for v in vals]) for c in vals[0]}
+        elif isinstance(vals[0], (int, float)) and not isinstance(vals[0], bool):
+            out[key] = med(vals)
+        elif key != "store":
+            out[key] = vals[0]
+    if out.get("flat_sweep_kpct"):
+        out["flat_best_cfg"], out["flat_best_kpct_copy_bw"] = max(out["flat_sweep_kpct"].items(), key=lambda kv: kv[1])
+    if len(rounds) > 1:
+        out["rounds_n"] = len(rounds)
+    return out
+
+
+def copy_bandwidth(repeats, small, kernel_times=False):
+    """A function that measures a plain copy kernel: (wall-clock GB/s, device-time GB/s or None), counting bytes
+    read + written (its buffers allocated once, for a measurement every round)."""
     n = (1 << 22) if small else (1 << 28)  # 16 MB or 1 GiB per buffer
     a = ti.field(ti.f32, shape=n)
     b = ti.field(ti.f32, shape=n)
-    ms = time_ms(lambda: k_copy(a, b), repeats=repeats)
-    kms = kernel_ms(lambda: k_copy(a, b), repeats=repeats) if kernel_times else None
     gb = 2 * n * 4 / 1e9
-    return gb / (ms / 1e3), (gb / (kms / 1e3) if kms else None)
+
+    def measure():
+        ms = time_ms(lambda: k_copy(a, b), repeats=repeats)
+        kms = kernel_ms(lambda: k_copy(a, b), repeats=repeats) if kernel_times else None
+        return gb / (ms / 1e3), (gb / (kms / 1e3) if kms else None)
+    return measure
+
+
+# (key, format) of the figures the round-by-round table lists, and their headers
+ROUND_KEYS = [("fill_kx_padded", "{:.2f}"), ("reduce_warp_kms", "{:.4f}"), ("reduce_warp_kx_padded_best", "{:.2f}"),
+              ("flat_read_kpct_copy_bw", "{:.0f}"), ("flat_best_round", "{}"), ("copy_kGBps", "{:.0f}")]
+ROUND_HEADS = [("fill_kx_padded", "fill x padded"), ("reduce_warp_kms", "reduce_warp ms"),
+               ("reduce_warp_kx_padded_best", "reduce_warp x padded's best read"),
+               ("flat_read_kpct_copy_bw", "flat (strided) % copy BW"),
+               ("flat_best_round", "flat's best form: % copy BW"), ("copy_kGBps", "copy GB/s")]
 
 
 COLUMNS = [
@@ -513,7 +622,7 @@ COLUMNS = [
     ("read_ms", "read-all (get loop) ms", "{:.3f}"), ("read_kms", "read-all device ms", "{:.3f}"),
     ("read_kx_padded", "read x padded (device)", "{:.2f}"), ("reduce_kx_padded", "reduce x padded (device)", "{:.2f}"),
     ("flat_read_kGBps", "flat GB/s (device)", "{:.0f}"), ("flat_read_kpct_copy_bw", "flat % copy BW (device)", "{:.0f}"),
-    ("flat_best_cfg", "flat sweep's best threads x unroll", "{}"),
+    ("flat_best_cfg", "flat read's best form", "{}"),
     ("flat_best_kpct_copy_bw", "flat sweep's best % copy BW (device)", "{:.0f}"),
     ("reduce_kms", "reduce device ms", "{:.4f}"), ("reduce_warp_kms", "reduce_warp device ms", "{:.4f}"),
     ("reduce_warp_kx_padded", "reduce_warp x padded's reduce_warp (device)", "{:.2f}"),
@@ -549,9 +658,13 @@ def main(argv=None):
     p.add_argument("--reduce-unrolls", default="",
                    help="comma list: extra rows, the tuned VLA with reduce() keeping N pool loads in flight (e.g. 32,64)")
     p.add_argument("--flat-sweep", default="",
-                   help="comma list of THREADSxUNROLL or walkSEG: the flat read also with these (device time, needs "
-                        "--kernel-times), e.g. 524288x4,262144x8,walk16 (walkSEG: each thread SEG neighbouring "
-                        "slots through flat_index_after)")
+                   help="comma list of THREADSxUNROLL, walkSEG or foldSEG: the flat read also in these forms (device "
+                        "time, needs --kernel-times), e.g. 524288x4,walk8,fold8 (THREADSxUNROLL: threads striding over "
+                        "the slots through flat_index; walkSEG: each thread SEG neighbouring slots through "
+                        "flat_index_after; foldSEG: the same through flat_reduce)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every store this many times, taking turns (each round starts one store later), and "
+                        "report the median of each figure and of each ratio over the rounds")
     p.add_argument("--kernel-times", action="store_true",
                    help="also report device time per operation (Taichi's kernel profiler), not only wall time")
     args = p.parse_args(argv)
@@ -566,13 +679,12 @@ def main(argv=None):
     except ValueError:
         raise UserError(f"--reduce-unrolls: expected a comma list of positive ints, got {args.reduce_unrolls!r}") from None
     try:
-        flat_sweep = [(0, int(c.strip()[4:])) if c.strip().lower().startswith("walk")
-                      else tuple(int(x) for x in c.lower().split("x")) for c in args.flat_sweep.split(",") if c.strip()]
-        if any(len(c) != 2 or c[1] < 1 or c[0] < 0 for c in flat_sweep):
-            raise ValueError
+        flat_sweep = [parse_flat_form(c) for c in args.flat_sweep.split(",") if c.strip()]
     except ValueError:
-        raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL or walkSEG (positive ints), got "
-                        f"{args.flat_sweep!r}") from None
+        raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL, walkSEG or foldSEG (positive ints), "
+                        f"got {args.flat_sweep!r}") from None
+    if args.rounds < 1:
+        raise UserError(f"--rounds: expected a positive int, got {args.rounds}")
     if flat_sweep and not args.kernel_times:
         raise UserError("--flat-sweep: times device kernels only; add --kernel-times")
     kinds = [k for k in args.stores.split(",") if k]
@@ -586,24 +698,25 @@ def main(argv=None):
     sizes = SMALL_SIZES if small else DEFAULT_SIZES
     repeats = args.repeats or (5 if small else 20)
     rng = np.random.default_rng(args.seed)
+    copy_bw = copy_bandwidth(repeats, small, args.kernel_times)
     rows, tuned = [], {}
     for d in dists:
         r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times,
-                                  reduce_unrolls=unrolls, kinds=kinds, flat_sweep=flat_sweep)
+                                  reduce_unrolls=unrolls, kinds=kinds, flat_sweep=flat_sweep, rounds=args.rounds,
+                                  copy_bw=copy_bw)
         rows += r
         tuned[d] = t
-    bw, kbw = copy_bandwidth_GBps(repeats, small, args.kernel_times)
-    for r in rows:
-        if "flat_read_GBps" in r:
-            r["flat_read_pct_copy_bw"] = 100 * r["flat_read_GBps"] / bw
-        if "flat_read_kGBps" in r and kbw:
-            r["flat_read_kpct_copy_bw"] = 100 * r["flat_read_kGBps"] / kbw
-        if "flat_best_kGBps" in r and kbw:
-            r["flat_best_kpct_copy_bw"] = 100 * r["flat_best_kGBps"] / kbw
+    bw, kbw = rows[0]["copy_GBps"], rows[0]["copy_kGBps"]
     dev = device_name(arch)
     header = (f"VLA benchmark on {dev} (arch {arch}); plain copy kernel: {bw:.0f} GB/s wall"
-              + (f", {kbw:.0f} GB/s device time" if kbw else "") + f"; repeats {repeats} (wall: median)")
+              + (f", {kbw:.0f} GB/s device time" if kbw else "") + f"; repeats {repeats} (wall: median)"
+              + (f"; {args.rounds} rounds, every figure the median over them" if args.rounds > 1 else ""))
     md = header + "\n\n" + markdown_table(rows, COLUMNS)
+    if args.rounds > 1:
+        md += "\n\nRound by round (device time), in the order measured:\n\n" + markdown_table(
+            [dict(r, **{key: " / ".join(fmt.format(q[key]) for q in r["rounds"] if q.get(key) is not None)
+                        for key, fmt in ROUND_KEYS}) for r in rows],
+            [("dist", "dist", "{}"), ("store", "store", "{}")] + [(key, head, "{}") for key, head in ROUND_HEADS])
     write_results(args.out, "vla_bench", {"device": dev, "arch": arch, "copy_GBps": bw, "copy_device_GBps": kbw,
                                           "rows": rows,
                                           "tuned": tuned}, md)

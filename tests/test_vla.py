@@ -93,6 +93,45 @@ def k_flat_walk_sum(v: ti.template(), out: _i32_nd, seg: ti.i32, stride: ti.i32)
             e += stride
 
 
+_i64_nd = ti.types.ndarray(dtype=ti.i64, ndim=1)
+
+
+@ti.func
+def _flat_term(acc, i, k, x):
+    # one element's term in flat_reduce's check: a wrong list or index, a wrong value, a lost or a doubled element
+    # changes the sum (terms are positive: x >= 0 in these tests)
+    return acc + ti.cast(i * 40503 + k * 97 + 1, ti.i64) * ti.cast(x + 3, ti.i64)
+
+
+@ti.func
+def _flat_one(acc, i, k, x):
+    return acc + 1
+
+
+@ti.kernel
+def k_flat_reduce_check(v: ti.template(), out: _i64_nd, seg: ti.template()):
+    # each thread folds `seg` neighbouring slots (the last thread's run past flat_size(): the one-at-a-time path)
+    n = v.flat_size()
+    for g in range((n + seg - 1) // seg):
+        ti.atomic_add(out[0], v.flat_reduce(g * seg, seg, _flat_term, ti.i64(0)))
+        ti.atomic_add(out[1], v.flat_reduce(g * seg, seg, _flat_one, ti.i64(0)))
+
+
+def assert_flat_reduce_exact(v, segs=(8,)):
+    """flat_reduce over every slot, `seg` slots a thread, against the (list, index, value) of every element as
+    to_lists() reports them."""
+    lists = v.to_lists()
+    i = np.repeat(np.arange(len(lists), dtype=np.int64), [len(l) for l in lists])
+    k = np.concatenate([np.arange(len(l), dtype=np.int64) for l in lists] + [np.zeros(0, np.int64)])
+    x = np.concatenate([np.asarray(l, np.int64) for l in lists] + [np.zeros(0, np.int64)])
+    expect = [int(((i * 40503 + k * 97 + 1) * (x + 3)).sum()), int(x.size)]
+    out = ti.ndarray(ti.i64, 2)
+    for seg in segs:
+        out.fill(0)
+        k_flat_reduce_check(v, out, seg)
+        assert out.to_numpy().tolist() == expect, f"flat_reduce, {seg} slots a thread"
+
+
 @ti.kernel
 def k_flat_and_pending_sum(v: ti.template(), out: _i32_nd, seen: _i32_nd):
     for e in range(v.flat_size()):
@@ -393,6 +432,20 @@ def k_struct_set_members(v: ti.template()):
             v.set_members(i, k, r, ("depth", "other"))
 
 
+@ti.func
+def _depth_and_list(acc, i, k, x):
+    return acc + ti.Vector([x.depth, ti.cast(i, ti.f32) * x.point[1]])
+
+
+@ti.kernel
+def k_struct_flat_reduce(v: ti.template()) -> ti.types.vector(2, ti.f32):
+    # flat_reduce over struct elements: the record's members reach the fold
+    acc = ti.Vector([0.0, 0.0])
+    for g in range((v.flat_size() + 7) // 8):
+        acc += v.flat_reduce(g * 8, 8, _depth_and_list, ti.Vector([0.0, 0.0]))
+    return acc
+
+
 @pytest.mark.parametrize("layout", ["soa", "aos", "words"])
 def test_struct_elements(layout):
     v = VLA(7, Contact, inline_capacity=2, chunk_size=4, layout=layout, name=f"contacts_{layout}")
@@ -411,6 +464,9 @@ def test_struct_elements(layout):
     k_struct_depth_sum(v, out)
     expect = [sum(2.5 * j for j in range(i, 200, 7)) for i in range(7)]
     np.testing.assert_allclose(out.to_numpy(), expect, rtol=1e-5)
+    owner = np.repeat(np.arange(7), np.diff(offsets))
+    np.testing.assert_allclose(k_struct_flat_reduce(v), [vals["depth"].sum(), (owner * vals["point"][:, 1]).sum()],
+                               rtol=1e-5)
     k_struct_bump_depth(v)  # member write: depth 0.5 j -> 2.5 j, point and other unchanged
     o2, after = v.to_csr()
     np.testing.assert_array_equal(o2, offsets)
@@ -737,6 +793,7 @@ def test_growth_moves_only_the_lists_that_grew():
     out.fill(0)
     k_flat_walk_sum(v, out, 7, 1)   # runs="bump": the same owners, holes (-1) between walks' slots included
     np.testing.assert_array_equal(out.to_numpy(), [sum(r) for r in ref])
+    assert_flat_reduce_exact(v, (3, 8))   # a chunk's owner once per chunk, the holes' chunks skipped
     v.trim()
     assert v.stats()["pool_chunks_holes"] == 0
     assert sorted_lists(v) == [sorted(r) for r in ref]
@@ -937,6 +994,7 @@ def test_ordered_runs_hint_every_sets_the_hint_table_and_keeps_the_flat_walk_exa
         out.fill(0)
         k_flat_walk_sum(v, out, 7, stride)
         np.testing.assert_array_equal(out.to_numpy(), expect)
+    assert_flat_reduce_exact(v, (3, 8))   # steps within a thread's slots, a search for each thread's first
     for bad in (0, 3, 2.0, True):
         with pytest.raises(ValueError, match="hint_every"):
             VLA(4, ti.i32, runs="ordered", hint_every=bad)
@@ -1276,6 +1334,7 @@ def test_random_operation_sequences_match_list_reference(config, ops):
     out.fill(0)
     k_flat_walk_sum(v, out, 5, 1)
     assert out.to_numpy().tolist() == sums.tolist()
+    assert_flat_reduce_exact(v)
 
 
 def test_capacity_error_names_the_knob():

@@ -70,6 +70,21 @@ def k_walk_sum(v: ti.template()) -> ti.i64:
     return acc
 
 
+@ti.func
+def _sum_x(acc, i, k, x):
+    return acc + x + 0 * (i + k)
+
+
+@ti.kernel
+def k_flat_reduce_sum(v: ti.template(), seg: ti.template()) -> ti.i64:
+    # flat_reduce, `seg` slots a thread: every thread's loads, steps and searches bounds-checked
+    acc = ti.i64(0)
+    n = v.flat_size()
+    for g in range((n + seg - 1) // seg):
+        acc += v.flat_reduce(g * seg, seg, _sum_x, ti.i64(0))
+    return acc
+
+
 @pytest.mark.parametrize("runs", ["bump", "ordered"])
 @pytest.mark.parametrize("last", [0, 7])
 def test_flat_walk_stays_inside_its_fields_in_debug_mode(runs, last):
@@ -83,3 +98,4 @@ def test_flat_walk_stays_inside_its_fields_in_debug_mode(runs, last):
     vals = np.arange(1, offsets[-1] + 1, dtype=np.int32) * 3
     v.from_csr(offsets, vals)
     assert k_walk_sum(v) == int(vals.sum())
+    assert k_flat_reduce_sum(v, 4) == int(vals.sum())   # (33 or 39 slots: the last thread takes one or three)

@@ -877,6 +877,79 @@ class VLA:
         return i, k, o
 
     @ti.func
+    def flat_reduce(self, first, seg: ti.template(), f: ti.template(), init):
+        """Fold ``acc = f(acc, i, k, x)`` over the live elements x (list i, index k) in storage slots first ..
+        first + seg - 1 that lie below flat_size(), in slot order, and return acc. ``seg`` is a compile-time int.
+
+        The fast flat read: ``for g in range((v.flat_size() + SEG - 1) // SEG)`` with first = g * SEG visits
+        every live element once, load-balanced, each thread SEG neighbouring slots (8 is a good SEG; see
+        docs/benchmarks.md). Against a walk through flat_index_after it issues the SEG value loads first, all in
+        flight together (every slot below flat_size() is readable), and keeps the current list's run and
+        length in registers: a slot then costs a compare, and a new list one or two loads (runs="ordered":
+        steps forward, searching from the hint only for the first slot or past 4 lists; runs="bump": the
+        chunk's owner, once per chunk). A thread whose slots run past flat_size() takes them one at a time.
+        """
+        n = self.flat_size()
+        acc = init
+        if first + seg <= n:
+            # (each _load is a call whose value is a variable: the loads are issued here, before the walk)
+            xs = [self._load(first + j) for j in ti.static(range(seg))]
+            o = -1        # the current pool list: its run starts at chunk rs, its length is ln
+            rs = 0
+            ln = -1
+            hi_t = 0      # ordered: the next list's run start (table_start[o + 1])
+            cur_t = -1    # bump: the chunk whose owner o is
+            for j in ti.static(range(seg)):
+                e = first + j
+                pool = True
+                if ti.static(self.inline_capacity > 0):
+                    pool = e >= self._n_inline
+                    if not pool:
+                        ii = e // self.inline_capacity
+                        kk = e - ii * self.inline_capacity
+                        if kk < self.length_field[ii]:
+                            acc = f(acc, ii, kk, xs[j])
+                if pool:
+                    q = e - self._n_inline
+                    t = q >> self._chunk_shift
+                    if ti.static(self.runs == "ordered"):
+                        if o < 0 or t >= hi_t:
+                            steps = 0
+                            if o >= 0:
+                                # (the pool's end, table_start[num_arrays], is above t: o stays a list)
+                                while steps < 4 and hi_t <= t:
+                                    o += 1
+                                    rs = hi_t
+                                    hi_t = self.table_start[o + 1]
+                                    steps += 1
+                            if o < 0 or hi_t <= t:
+                                o = self._owner_of_chunk(t)
+                                rs = self.table_start[o]
+                                hi_t = self.table_start[o + 1]
+                            ln = self.length_field[o]
+                    else:
+                        if t != cur_t:
+                            cur_t = t
+                            o = self._owner_of_chunk(t)
+                            ln = -1   # (a hole: no list owns chunk t)
+                            if o >= 0:
+                                rs = self.table_start[o]
+                                ln = self.length_field[o]
+                    kk = self.inline_capacity + ((t - rs) << self._chunk_shift) + (q & (self.chunk_size - 1))
+                    if kk < ln:
+                        acc = f(acc, o, kk, xs[j])
+        else:
+            prev = -1
+            for j in range(seg):
+                e = first + j
+                if e < n:
+                    i, k, o = self.flat_index_after(e, prev)
+                    prev = o
+                    if i >= 0:
+                        acc = f(acc, i, k, self._load(e))
+        return acc
+
+    @ti.func
     def flat_value(self, e):
         """The element in storage slot e (valid when flat_index(e) gave i >= 0)."""
         return self._load(e)
