@@ -882,7 +882,7 @@ class VLA:
         first + seg - 1 that lie below flat_size(), in slot order, and return acc. ``seg`` is a compile-time int.
 
         The fast flat read: ``for g in range((v.flat_size() + SEG - 1) // SEG)`` with first = g * SEG visits
-        every live element once, load-balanced, each thread SEG neighbouring slots (8 is a good SEG; see
+        every live element once, load-balanced, each thread SEG neighbouring slots (4 or 8 is a good SEG; see
         docs/benchmarks.md). Against a walk through flat_index_after it issues the SEG value loads first, all in
         flight together (every slot below flat_size() is readable), and keeps the current list's run and
         length in registers: a slot then costs a compare, and a new list one or two loads (runs="ordered":
