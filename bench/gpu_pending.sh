@@ -7,8 +7,9 @@
 # Part b (session 23's second call): the flat read's thread/unroll sweep, pile_1m twice more, boulders on/off.
 # Part c (session 24): the VLA bench in rounds (medians), the flat read through flat_reduce; VLA tests on CUDA.
 #   run: source .device/env.sh; bash bench/gpu_pending.sh c $OUT
-part=${1:?usage: bench/gpu_pending.sh a|b|c OUT_DIR}
-out=${2:?usage: bench/gpu_pending.sh a|b|c OUT_DIR}
+# Part d (session 24): the other two length distributions in rounds with flat_reduce; pile_1m against dynamic.
+part=${1:?usage: bench/gpu_pending.sh a|b|c|d OUT_DIR}
+out=${2:?usage: bench/gpu_pending.sh a|b|c|d OUT_DIR}
 mkdir -p "$out"
 t0=$SECONDS
 left() {  # seconds for the next step: its own limit, or what is left of 570 s
@@ -36,6 +37,14 @@ elif [ "$part" = c ]; then
     echo "== VLA tests on CUDA ($((SECONDS - t0)) s)"
     SMOLVLA_TEST_ARCH=cuda timeout "$(left 230)" python -m pytest tests/test_vla.py tests/test_vla_limits.py \
         tests/test_vla_debug.py -q -x -p no:cacheprovider -n 0 2>&1 | tail -3
+elif [ "$part" = d ]; then
+    echo "== bench vla, uniform 0-16 and 0-1024: every store, ${ROUNDS:-3} rounds, the flat read through flat_reduce too"
+    timeout "$(left 300)" python run.py bench vla --arch cuda --dists uniform16,uniform1024 --repeats 10 \
+        --kernel-times --rounds "${ROUNDS:-3}" --flat-sweep walk8,fold4,fold8 --out "$out/vla_uniform" \
+        2>&1 | grep -v Warning | tail -24
+    echo "== bench sim pile_1m, vla against dynamic ($((SECONDS - t0)) s)"
+    timeout "$(left 300)" python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --storages vla,dynamic \
+        --out "$out/pile_dynamic" 2>&1 | tail -6
 else
     echo "== bench vla, heavy tail: padded and VLA rows again, the flat read also with other threads x unrolls"
     timeout "$(left 240)" python run.py bench vla --arch cuda --dists heavy --stores padded,vla --repeats 10 \

@@ -1,7 +1,8 @@
 """VLA against Taichi's `dynamic` SNode and a padded dense array, on the same workloads, in one run.
 
     python run.py bench vla [--arch auto|cpu|cuda] [--small | --full] [--out DIR] [--dists heavy,uniform16,uniform1024]
-                            [--stores padded,dynamic,vla]
+                            [--stores padded,dynamic,vla] [--kernel-times [--flat-sweep fold4,fold8,walk8,...]]
+                            [--rounds N]
 
 Stores: the padded array, the dynamic SNode, VLAs at fixed parameters, the VLA tuned by VLA.tune (runs="bump")
 and tuned for runs="ordered" (runs in list order: less metadata, growth re-lays the pool out).
@@ -10,10 +11,13 @@ Workloads (one thread per list, as the issue specifies):
   fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
   read          each thread sums its own list (thread-per-array read-all): a get() loop, reduce(), and
                 reduce_warp() (on CUDA the warp reads its long lists together; the padded array gets the same)
-  flat read     VLA only: load-balanced flat iteration over every live element (v.flat_index/flat_value)
+  flat read     VLA only: load-balanced flat iteration over every live element: threads striding over the slots
+                (v.flat_index/flat_value), and with --flat-sweep other forms (foldSEG: v.flat_reduce, SEG
+                neighbouring slots a thread, the fast one; walkSEG: v.flat_index_after)
   reuse         one block per list, every thread reads the whole list (tier-3 shared staging vs global)
 Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), uniform 0-16,
-uniform 0-1024. Every store's per-list sums are checked against numpy's, every run.
+uniform 0-1024. Every store's per-list sums are checked against numpy's, every run. --rounds N times every
+store N times, taking turns, and reports medians (ratios taken within each round) and a round-by-round table.
 """
 import argparse
 import statistics
@@ -373,8 +377,8 @@ def _with_unroll(v, unroll):
 STORE_KINDS = ("padded", "dynamic", "vla")
 
 
-def bench_distribution(dist, n, rng, repeats, reuse=True, kernel_times=False, reduce_unrolls=(), kinds=STORE_KINDS,
-                       flat_sweep=(), rounds=1, copy_bw=lambda: (None, None)):
+def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=False, reduce_unrolls=(),
+                       kinds=STORE_KINDS, flat_sweep=(), rounds=1):
     """Rows of every store on one length distribution. flat_sweep: flat-read forms as parse_flat_form gives them;
     copy_bw(): (wall GB/s, device GB/s or None) of the copy kernel, measured once per round."""
     from vla import VLA
@@ -701,9 +705,8 @@ def main(argv=None):
     copy_bw = copy_bandwidth(repeats, small, args.kernel_times)
     rows, tuned = [], {}
     for d in dists:
-        r, t = bench_distribution(d, sizes[d], rng, repeats, kernel_times=args.kernel_times,
-                                  reduce_unrolls=unrolls, kinds=kinds, flat_sweep=flat_sweep, rounds=args.rounds,
-                                  copy_bw=copy_bw)
+        r, t = bench_distribution(d, sizes[d], rng, repeats, copy_bw, kernel_times=args.kernel_times,
+                                  reduce_unrolls=unrolls, kinds=kinds, flat_sweep=flat_sweep, rounds=args.rounds)
         rows += r
         tuned[d] = t
     bw, kbw = rows[0]["copy_GBps"], rows[0]["copy_kGBps"]
