@@ -888,6 +888,8 @@ class VLA:
         length in registers: a slot then costs a compare, and a new list one or two loads (runs="ordered":
         steps forward, searching from the hint only for the first slot or past 4 lists; runs="bump": the
         chunk's owner, once per chunk). A thread whose slots run past flat_size() takes them one at a time.
+        Like flat_index it sees the elements in their lists' own storage: appends still pending (before a
+        commit) are in pending_index/pending_value.
         """
         n = self.flat_size()
         acc = init
