@@ -610,13 +610,15 @@ def copy_bandwidth(repeats, small, kernel_times=False):
     return measure
 
 
-# (key, format) of the figures the round-by-round table lists, and their headers
-ROUND_KEYS = [("fill_kx_padded", "{:.2f}"), ("reduce_warp_kms", "{:.4f}"), ("reduce_warp_kx_padded_best", "{:.2f}"),
-              ("flat_read_kpct_copy_bw", "{:.0f}"), ("flat_best_round", "{}"), ("copy_kGBps", "{:.0f}")]
-ROUND_HEADS = [("fill_kx_padded", "fill x padded"), ("reduce_warp_kms", "reduce_warp ms"),
-               ("reduce_warp_kx_padded_best", "reduce_warp x padded's best read"),
-               ("flat_read_kpct_copy_bw", "flat (strided) % copy BW"),
-               ("flat_best_round", "flat's best form: % copy BW"), ("copy_kGBps", "copy GB/s")]
+# (key, format, header) of the figures the round-by-round table lists: device times, or wall times without
+# --kernel-times
+ROUND_KEYS = [("fill_kx_padded", "{:.2f}", "fill x padded"), ("reduce_warp_kms", "{:.4f}", "reduce_warp ms"),
+              ("reduce_warp_kx_padded_best", "{:.2f}", "reduce_warp x padded's best read"),
+              ("flat_read_kpct_copy_bw", "{:.0f}", "flat (strided) % copy BW"),
+              ("flat_best_round", "{}", "flat's best form: % copy BW"), ("copy_kGBps", "{:.0f}", "copy GB/s")]
+ROUND_KEYS_WALL = [("fill_x_padded", "{:.2f}", "fill x padded"), ("reduce_warp_ms", "{:.3f}", "reduce_warp ms"),
+                   ("reduce_warp_x_padded_best", "{:.2f}", "reduce_warp x padded's best read"),
+                   ("flat_read_pct_copy_bw", "{:.0f}", "flat (strided) % copy BW"), ("copy_GBps", "{:.0f}", "copy GB/s")]
 
 
 COLUMNS = [
@@ -716,10 +718,12 @@ def main(argv=None):
               + (f"; {args.rounds} rounds, every figure the median over them" if args.rounds > 1 else ""))
     md = header + "\n\n" + markdown_table(rows, COLUMNS)
     if args.rounds > 1:
-        md += "\n\nRound by round (device time), in the order measured:\n\n" + markdown_table(
-            [dict(r, **{key: " / ".join(fmt.format(q[key]) for q in r["rounds"] if q.get(key) is not None)
-                        for key, fmt in ROUND_KEYS}) for r in rows],
-            [("dist", "dist", "{}"), ("store", "store", "{}")] + [(key, head, "{}") for key, head in ROUND_HEADS])
+        keys = ROUND_KEYS if args.kernel_times else ROUND_KEYS_WALL
+        md += (f"\n\nRound by round ({'device' if args.kernel_times else 'wall'} time), in the order measured:\n\n"
+               + markdown_table([dict(r, **{key: " / ".join(fmt.format(q[key]) for q in r["rounds"]
+                                                            if q.get(key) is not None) for key, fmt, _ in keys})
+                                 for r in rows],
+                                [("dist", "dist", "{}"), ("store", "store", "{}")] + [(k, h, "{}") for k, _, h in keys]))
     write_results(args.out, "vla_bench", {"device": dev, "arch": arch, "copy_GBps": bw, "copy_device_GBps": kbw,
                                           "rows": rows,
                                           "tuned": tuned}, md)
