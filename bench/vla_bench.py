@@ -464,6 +464,7 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
                 check(f"{name} {op}")
         if isinstance(s, VLA):
             flat = lambda: k_read_flat(s, partial, FLAT_THREADS, FLAT_UNROLL)  # noqa: E731
+            partial.fill(0)   # (shared by the stores and rounds: a wider form of the sweep leaves sums above these)
             m["flat_read_ms"] = time_ms(flat, repeats=repeats)
             if kernel_times:
                 m["flat_read_kms"] = kernel_ms(flat, repeats=repeats)
@@ -677,6 +678,8 @@ def main(argv=None):
     from app.errors import UserError
 
     dists = [d for d in args.dists.split(",") if d]
+    if not dists:
+        raise UserError(f"--dists: expected some of {', '.join(DEFAULT_SIZES)}, got {args.dists!r}")
     for d in dists:
         if d not in DEFAULT_SIZES:
             raise UserError(f"--dists: unknown distribution {d!r}; expected some of {', '.join(DEFAULT_SIZES)}")
