@@ -853,24 +853,19 @@ class VLA:
         else:
             q = e - self._n_inline
             t = q >> self._chunk_shift
+            rs = 0
             if ti.static(self.runs == "ordered"):
-                # step forward from prev while the next run starts at or before t (at most a few lists
-                # between neighbouring slots); a walk that jumped further, or its first slot, searches
-                o = prev
-                search = True
-                if o >= 0:
-                    steps = 0
-                    while steps < 4 and self.table_start[o + 1] <= t:
-                        o += 1
-                        steps += 1
-                    # (o < num_arrays: table_start[num_arrays], the pool's end, is above every slot's chunk)
-                    search = self.table_start[o + 1] <= t or self.table_start[o] > t
-                if search:
-                    o = self._owner_of_chunk(t)
+                hi_t = 0
+                if prev >= 0:
+                    rs = self.table_start[prev]
+                    hi_t = self.table_start[prev + 1]
+                o, rs, hi_t = self._advance_run(prev, rs, hi_t, t)
             else:
                 o = self._owner_of_chunk(t)
+                if o >= 0:
+                    rs = self.table_start[o]
             if o >= 0:
-                kk = self.inline_capacity + ((t - self.table_start[o]) << self._chunk_shift) + (q & (self.chunk_size - 1))
+                kk = self.inline_capacity + ((t - rs) << self._chunk_shift) + (q & (self.chunk_size - 1))
                 if kk < self.length_field[o]:
                     i = o
                     k = kk
@@ -916,18 +911,7 @@ class VLA:
                     t = q >> self._chunk_shift
                     if ti.static(self.runs == "ordered"):
                         if o < 0 or t >= hi_t:
-                            steps = 0
-                            if o >= 0:
-                                # (the pool's end, table_start[num_arrays], is above t: o stays a list)
-                                while steps < 4 and hi_t <= t:
-                                    o += 1
-                                    rs = hi_t
-                                    hi_t = self.table_start[o + 1]
-                                    steps += 1
-                            if o < 0 or hi_t <= t:
-                                o = self._owner_of_chunk(t)
-                                rs = self.table_start[o]
-                                hi_t = self.table_start[o + 1]
+                            o, rs, hi_t = self._advance_run(o, rs, hi_t, t)
                             ln = self.length_field[o]
                     else:
                         if t != cur_t:
@@ -1066,6 +1050,26 @@ class VLA:
         else:
             c = self.table_chunks[i]
         return c
+
+    @ti.func
+    def _advance_run(self, o, rs, hi_t, t):
+        """runs="ordered": (owner, run start, next run start) of chunk t, given those of the owner o of an earlier
+        chunk (o < 0: none), as a walk over increasing slots passes them on. Steps forward while the next run
+        starts at or before t, at most 4 lists (neighbouring slots cross a few); a walk that jumped further, went
+        back, or has no owner yet searches from the hint. (Stepping stays below num_arrays: table_start[num_arrays],
+        the pool's end, is above every slot's chunk.)"""
+        if o >= 0:
+            steps = 0
+            while steps < 4 and hi_t <= t:
+                o += 1
+                rs = hi_t
+                hi_t = self.table_start[o + 1]
+                steps += 1
+        if o < 0 or hi_t <= t or rs > t:
+            o = self._owner_of_chunk(t)
+            rs = self.table_start[o]
+            hi_t = self.table_start[o + 1]
+        return o, rs, hi_t
 
     @ti.func
     def _owner_of_chunk(self, t):
