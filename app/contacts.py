@@ -29,7 +29,9 @@ import numpy as np
 import taichi as ti
 
 from app.math3d import decode_normal
-from vla import NO_FAILURE
+from vla import Batch
+
+NO_FAILURE = Batch.NO_FAILURE
 
 vec3 = ti.types.vector(3, ti.f32)
 vec2 = ti.types.vector(2, ti.f32)
@@ -308,7 +310,7 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
         # with 4, more lists spill into the pool's chunks (contact memory 2,147 vs 2,120 MiB). With the 48-byte
         # record (session 12) 6 and 8 inline were not faster (bench sim 13.05 / 12.82 ms against 12.33-12.64).
         return VLA(num_arrays, dtype, inline_capacity=5, chunk_size=4,
-                   reserve=int(num_arrays * pool_per_list), layout="words", name=name)
+                   reserve=int(num_arrays * pool_per_list), name=name)
     if kind == "padded":
         return PaddedLists(num_arrays, dtype, max_length, name=name)
     if kind == "dynamic":

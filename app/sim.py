@@ -33,7 +33,9 @@ from app.reorder import Reorder, resort_bodies
 from app.scene import SIM_DEFAULTS, Scene
 from app.solver import JacobiSolver
 from app.state import State
-from vla import NO_FAILURE, Batch
+from vla import Batch
+
+NO_FAILURE = Batch.NO_FAILURE
 
 
 class SimulationError(UserError):
@@ -56,7 +58,7 @@ TREES_PER_ALLOCATION = 40
 def _check_tree_room():
     from taichi.lang import impl
 
-    from vla.core import SNODE_TREE_LIMIT, SNODE_TREE_MARGIN
+    from vla.taichi_compat import SNODE_TREE_LIMIT, SNODE_TREE_MARGIN
 
     used = impl.get_runtime().prog.get_snode_tree_size()
     if used + TREES_PER_ALLOCATION > SNODE_TREE_LIMIT - SNODE_TREE_MARGIN:

@@ -6,6 +6,7 @@ import pytest
 import taichi as ti
 
 from vla import VLA, launch
+from vla import layout as vla_layout
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
 
@@ -57,13 +58,13 @@ def test_growth_in_debug_mode_recompiles_and_stays_correct(runs):
 
 @ti.kernel
 def k_walk_sum(v: ti.template()) -> ti.i64:
-    # one thread walks every slot in order through flat_index_after (the owner of each slot the next one's start)
+    # one thread walks every slot in order through _flat_index_after (flat_reduce's walker) (the owner of each slot the next one's start)
     acc = ti.i64(0)
     ti.loop_config(serialize=True)
     for _ in range(1):
         prev = -1
         for e in range(v.flat_size()):
-            i, k, o = v.flat_index_after(e, prev)
+            i, k, o = v._flat_index_after(e, prev)
             prev = o
             if i >= 0:
                 acc += v.flat_value(e) + 0 * k
@@ -87,13 +88,13 @@ def k_flat_reduce_sum(v: ti.template(), seg: ti.template()) -> ti.i64:
 
 @pytest.mark.parametrize("runs", ["bump", "ordered"])
 @pytest.mark.parametrize("last", [0, 7])
-def test_flat_walk_stays_inside_its_fields_in_debug_mode(runs, last):
-    # flat_index_after steps to table_start[owner + 1] and, past the last list, to table_start[num_arrays] (the
+def test_flat_walk_stays_inside_its_fields_in_debug_mode(runs, last, monkeypatch):
+    # _flat_index_after steps to table_start[owner + 1] and, past the last list, to table_start[num_arrays] (the
     # pool's end, ordered) and the last hint: the debug checks verify each index on every slot of a whole walk,
     # empty lists (runs of no chunks) at the start and in the middle included, the last list empty or not.
     lens = np.array([0, 5, 0, 0, 9, 1, 0, 12, last], np.int64)
-    v = VLA(lens.size, ti.i32, inline_capacity=1, chunk_size=2, runs=runs, hint_every=2 if runs == "ordered" else 64,
-            name="dbg-walk")
+    monkeypatch.setattr(vla_layout, "HINT_EVERY", 2)   # (ordered: several hint blocks in a small pool)
+    v = VLA(lens.size, ti.i32, inline_capacity=1, chunk_size=2, runs=runs, name=f"dbg-walk-{runs}-{last}")
     offsets = np.concatenate([[0], np.cumsum(lens)])
     vals = np.arange(1, offsets[-1] + 1, dtype=np.int32) * 3
     v.from_csr(offsets, vals)

@@ -2,9 +2,10 @@
 
     from vla import VLA, launch, Batch, VLAOverflowError, VLACapacityError
 
-See vla/core.py for the design and README.md for an example kernel.
+vla/API.md is the reference; README.md has an example kernel.
 """
-from .core import NO_FAILURE, VLA, Batch, element_bytes, launch
+from .array import VLA
 from .errors import VLACapacityError, VLAOverflowError
+from .launch import Batch, launch
 
-__all__ = ["VLA", "Batch", "launch", "VLAOverflowError", "VLACapacityError", "element_bytes", "NO_FAILURE"]
+__all__ = ["VLA", "Batch", "launch", "VLAOverflowError", "VLACapacityError"]

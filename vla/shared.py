@@ -21,8 +21,8 @@ Usage (``B`` threads per block, one block per list)::
                 acc += shared.get(v, cache, n, i, k)
             ...
 
-Whether this pays is measured in bench/vla_bench.py (``reuse`` rows) and recorded in
-docs/benchmarks.md.
+Whether this pays is measured by ``python run.py bench vla`` (its ``reuse`` rows; docs/benchmarks.md): for a
+list re-read by a block it does not on an H200 (L1 serves the re-reads), for the image filter's weights it does.
 """
 import warnings
 

@@ -33,7 +33,7 @@ warnings.filterwarnings("ignore", message=r".*non-taichi function .*_linear_thre
 # Segments this long or shorter are read by their owner alone (all loads issued at once, predicated).
 SHORT = 8
 # Loads each lane keeps in flight while the warp reads a long segment (32 * UNROLL elements per round trip).
-# H200, the VLA bench's heavy tail (docs/results/h200/reduce_warp_variants_s16.txt): 4 -> 0.0403-0.0414 ms,
+# H200, the VLA bench's heavy tail: 4 -> 0.0403-0.0414 ms,
 # 8 -> 0.0408-0.0413, 16 -> 0.0387-0.0396; SHORT 4 or 16 instead of 8: no better for the VLA, 2.5x worse for
 # the padded array at 4 (its short rows then go through the warp one by one).
 UNROLL = 16

@@ -1,4 +1,4 @@
-"""A flat struct of 32-bit members as 64-bit words: the VLA's layout "words", also usable on its own.
+"""A flat struct of 32-bit members as 64-bit words: how a VLA stores such elements, also usable on its own.
 
 Taichi loads and stores a struct one scalar at a time; stored as u64 words (two members' 32-bit slots each,
 in member order, the last word's high half 0 when the slots are odd in number) it moves in half the
@@ -21,14 +21,14 @@ def _slots(dtype):
     """The 32-bit slots of `dtype` in member order, as (member, component index or None, slot, scalar dtype,
     member is a scalar), and each member's (first slot, slot count, leaf dtype). ValueError otherwise."""
     if not isinstance(dtype, StructType):
-        raise ValueError(f"VLA layout 'words' needs a ti.types.struct dtype, got {dtype!r}")
+        raise ValueError(f"64-bit words need a ti.types.struct dtype, got {dtype!r}")
     slots, members = [], {}
     for name, ldt in dtype.members.items():
         if isinstance(ldt, StructType):
-            raise ValueError(f"VLA layout 'words' needs a flat struct; member {name!r} is nested")
+            raise ValueError(f"64-bit words need a flat struct; member {name!r} is nested")
         base = ldt.dtype if isinstance(ldt, MatrixType) else ldt
         if base not in (ti.f32, ti.i32, ti.u32):
-            raise ValueError(f"VLA layout 'words' needs 32-bit members (f32, i32, u32); {name!r} is {base}")
+            raise ValueError(f"64-bit words need 32-bit members (f32, i32, u32); {name!r} is {base}")
         if isinstance(ldt, MatrixType):
             comps = [(r,) for r in range(ldt.n)] if ldt.ndim == 1 else \
                 [(r, c) for r in range(ldt.n) for c in range(ldt.m)]
@@ -38,6 +38,16 @@ def _slots(dtype):
         for c in comps:
             slots.append((name, c, len(slots), base, c is None))
     return slots, members
+
+
+def words_fit(dtype) -> bool:
+    """Whether ``dtype`` packs into words: a flat ti.types.struct whose members are 32-bit scalars, vectors or
+    matrices (f32, i32, u32)."""
+    try:
+        _slots(dtype)
+    except ValueError:
+        return False
+    return True
 
 
 @ti.data_oriented

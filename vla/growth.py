@@ -1,0 +1,505 @@
+"""Commit, growth and trim: how a VLA's lists get the room their appends need, and give it back.
+
+A commit gives each list that ran out a new, larger run of chunks at the end of the pool (its old chunks become a
+hole, reclaimed by the next compaction), so it costs in proportion to the lists that grew, not to the pool, and
+moves the parked elements home (vla.append). A list that grows gets 25% (whole chunks) more than it needs, so a list
+creeping upwards frame after frame grows O(log) times. Only when the pool is full does it compact, and grow if the
+demand leaves less than ~10% of it free (to 1.1-1.2x the demand). With ``runs="ordered"`` every growth is such a
+compaction, on the host's side of commit.
+
+Capacity is memoised: ``clear`` sets a length to 0 and keeps the chunks, so refilling allocates nothing. ``trim``
+compacts the pool and releases what the current lengths do not need.
+"""
+import math
+
+import numpy as np
+import taichi as ti
+
+from . import taichi_compat
+from .append import k_move_overflow_home, move_overflow_home
+from .errors import VLAOverflowError
+
+# A pool that must be compacted to make room grows if less than ~10% of it would stay free, to 1.1x the demand
+# rounded up along 2^(k/8) (1.1-1.2x): on an H200's 1M-body pile, 1.2x rounded along 2^(k/4) left the pool 1.2x
+# larger for no measurable speed.
+POOL_HEADROOM = 1.1
+POOL_STEPS_PER_OCTAVE = 8
+_i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+
+def bucket(n, steps_per_octave=4) -> int:
+    """Smallest size of the series 2^(k/steps_per_octave) that is >= n (steps of 19% for 4, 9% for 8): few distinct
+    sizes, so that Taichi's offline kernel cache (whose key includes field shapes) hits across runs whose demands
+    differ a little (other seeds, other scenes)."""
+    k = math.ceil(steps_per_octave * math.log2(max(1.0, n)))
+    return int(math.ceil(2 ** (k / steps_per_octave)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kernels (free functions; ``v`` is the VLA, compiled once per VLA instance)
+# ----------------------------------------------------------------------------------------------------
+@ti.kernel
+def k_clear_all(v: ti.template()):
+    for i in range(v.num_arrays):
+        v.length_field[i] = 0
+
+
+@ti.kernel
+def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd) -> ti.i32:
+    """moved[i]: the chunks list i must grow to (0: it has room); returns how many lists must grow."""
+    grow = 0
+    for i in range(v.num_arrays):
+        m = v._grow_target(i, demand[i], headroom)
+        moved[i] = m
+        if m > 0:
+            grow += 1
+    return grow
+
+
+@ti.func
+def _move_list(v: ti.template(), i, new, m):
+    """Give list i the run of m chunks starting at chunk `new`, copy its elements there, and leave its old chunks as
+    a hole (owner -1)."""
+    old = v.table_start[i]
+    have = v.table_chunks[i]
+    src = v._n_inline + (old << v._chunk_shift)
+    dst = v._n_inline + (new << v._chunk_shift)
+    for e in range(have << v._chunk_shift):
+        v.store[dst + e] = v.store[src + e]
+    for c in range(have):
+        v.table_owner[old + c] = -1
+    for c in range(m):
+        v.table_owner[new + c] = i
+    v.table_start[i] = new
+    v.table_chunks[i] = m
+    ti.atomic_add(v._scalars[3], have)
+
+
+@ti.func
+def _claim_run(v: ti.template(), i, m, pool_chunks):
+    """List i takes a new run of m > 0 chunks at the pool's bump (an atomic add: no prefix sum, no host round trip)
+    and moves there, counting itself in _scalars[5]. If the pool is full it counts itself in _scalars[4] instead;
+    its claim has then pushed the bump past the pool, which the host repairs (Growth._after_claims) before anything
+    reads it. Run between _claims_begin and _claims_end."""
+    new = ti.atomic_add(v._scalars[2], m)
+    if new + m <= pool_chunks:
+        _move_list(v, i, new, m)
+        ti.atomic_add(v._scalars[5], 1)
+    else:
+        ti.atomic_add(v._scalars[4], 1)
+
+
+@ti.func
+def _claims_begin(v: ti.template()):
+    v._scalars[5] = 0
+
+
+@ti.func
+def _claims_end(v: ti.template()):
+    """The claims' outcome in one scalar, so that the host learns it with one read (Growth._after_claims): -1 if
+    some list found the pool full, else the number of lists that moved."""
+    v._scalars[7] = ti.select(v._scalars[4] > 0, -1, v._scalars[5])
+
+
+@ti.kernel
+def _k_commit(v: ti.template(), pool_chunks: ti.i32):
+    """commit() after appends overflowed, in one launch (the path of a simulation step, where some list among
+    millions outgrows its chunks almost every step): every list whose length outgrew its chunks claims a new run
+    with headroom (_claim_run), then the parked elements move home and the overflow area empties
+    (move_overflow_home), and the outcome goes to _scalars[7] (_claims_end)."""
+    _claims_begin(v)
+    for i in range(v.num_arrays):
+        m = v._grow_target(i, v.length_field[i], 1)
+        if m > 0:
+            _claim_run(v, i, m, pool_chunks)
+    move_overflow_home(v)
+    _claims_end(v)
+
+
+@ti.kernel
+def k_commit_device(v: ti.template(), pool_chunks: ti.i32, status: _i32_nd, slot: ti.i32, failed_at: ti.template(),
+                    tag: ti.i32):
+    """commit() decided on the device, for Batch: no host read. Lists that outgrew their chunks claim new runs at the
+    pool's bump and the parked elements move home, as in _k_commit. What only the host can fix is left to it, with
+    every list left readable: if some list found the pool full, or more appends overflowed than the overflow area
+    holds (then nothing is claimed), every list keeps only the elements in its own storage (length clamped to
+    capacity(i): each element it then shows is one that was appended) and the overflow area empties. status[slot]
+    = 0 when every append is home, else the number of appends that overflowed, and then failed_at[None] (a 0-d i32
+    field) = min(itself, tag). The bump is repaired as Growth._after_claims does. With runs="ordered" a list can
+    grow only through a re-layout of the whole pool, on the host: any overflow is then a failure, handled as a
+    full pool."""
+    v._scalars[6] = v._scalars[0]
+    _claims_begin(v)
+    if ti.static(v.runs == "ordered"):
+        if v._scalars[6] > 0:
+            v._scalars[4] = 1
+    else:
+        for i in range(v.num_arrays):
+            if v._scalars[6] > 0 and v._scalars[6] <= v._scalars[1]:
+                m = v._grow_target(i, v.length_field[i], 1)
+                if m > 0:
+                    _claim_run(v, i, m, pool_chunks)
+    for o in range(ti.min(v._scalars[6], v._scalars[1])):
+        if v._scalars[6] <= v._scalars[1]:
+            meta = v.ovf_meta[o]
+            i = meta[0]
+            # home only if the list has room for it now (a list that found the pool full has not), and drop a slot
+            # past the length (the list was emptied since), as move_overflow_home does
+            if meta[1] < ti.min(v.length_field[i], v.capacity(i)):
+                v.store[v._addr(i, meta[1])] = v.ovf_value[o]
+    for i in range(v.num_arrays):
+        if v._scalars[4] > 0 or v._scalars[6] > v._scalars[1]:
+            v.length_field[i] = ti.min(v.length_field[i], v.capacity(i))
+    failed = v._scalars[4] > 0 or v._scalars[6] > v._scalars[1]
+    status[slot] = ti.select(failed, v._scalars[6], 0)
+    if failed:
+        ti.atomic_min(failed_at[None], tag)
+    if v._scalars[6] > 0:
+        v._scalars[8] += 1
+    if v._scalars[5] > 0:
+        v._scalars[9] += 1
+    if v._scalars[4] > 0:
+        if ti.static(v.runs != "ordered"):  # (ordered: nothing was claimed, the bump is the runs' end)
+            v._scalars[2] = pool_chunks
+        v._scalars[4] = 0
+    v._scalars[0] = 0
+    v._scalars[7] = 0
+
+
+@ti.kernel
+def _k_claim_runs(v: ti.template(), moved: _i32_nd, pool_chunks: ti.i32):
+    """reserve()/from_csr() and commit's slow path: every list with moved[i] > 0 claims that many chunks."""
+    _claims_begin(v)
+    for i in range(v.num_arrays):
+        if moved[i] > 0:
+            _claim_run(v, i, moved[i], pool_chunks)
+    _claims_end(v)
+
+
+@ti.kernel
+def _k_target_trim(v: ti.template(), target: _i32_nd):
+    for i in range(v.num_arrays):
+        target[i] = ti.min(v._chunks_of(i), v._chunks_for(v.length_field[i]))
+
+
+@ti.kernel
+def _k_target_keep(v: ti.template(), moved: _i32_nd, target: _i32_nd):
+    for i in range(v.num_arrays):
+        target[i] = ti.max(moved[i], v._chunks_of(i))
+
+
+@ti.kernel
+def _k_relayout_to_tmp(v: ti.template(), n_old: ti.i32, target: _i32_nd, new_start: _i32_nd, tmp_base: ti.i32):
+    """Copy every list's first target[i] chunks to their place in the compacted layout (list order), whole elements
+    at a time: one kernel whatever the dtype, so a growth compiles nothing new."""
+    for t, j in ti.ndrange(n_old, v.chunk_size):
+        o = v._owner_of_chunk(t)
+        if o >= 0:
+            r = t - v.table_start[o]
+            if r < target[o]:
+                v.relayout_tmp[tmp_base + ((new_start[o] + r) << v._chunk_shift) + j] = \
+                    v.store[v._n_inline + (t << v._chunk_shift) + j]
+
+
+@ti.kernel
+def _k_inline_to_tmp(v: ti.template()):
+    for e in range(v._n_inline):
+        v.relayout_tmp[e] = v.store[e]
+
+
+@ti.kernel
+def _k_tmp_to_store(v: ti.template(), tmp_begin: ti.i32, store_begin: ti.i32, n: ti.i32):
+    for e in range(n):
+        v.store[store_begin + e] = v.relayout_tmp[tmp_begin + e]
+
+
+@ti.kernel
+def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, total: ti.i32, cap: ti.i32):
+    if ti.static(v.runs == "ordered"):
+        # runs in list order: the run starts are the whole table (list i's chunk count is the gap to the next start;
+        # new_start[n] = total closes the last), and table_owner the owner of every HINT_EVERY-th chunk.
+        for i in range(v.num_arrays + 1):
+            v.table_start[i] = new_start[i]
+        sh = ti.static(v._hint_shift)
+        for b in range((cap >> sh) + 2):
+            v.table_owner[b] = v.num_arrays - 1
+        for i in range(v.num_arrays):
+            s = new_start[i]
+            b = (s + (1 << sh) - 1) >> sh
+            while (b << sh) < s + target[i]:
+                v.table_owner[b] = i
+                b += 1
+    else:
+        for i in range(v.num_arrays):
+            s = new_start[i]
+            for c in range(target[i]):
+                v.table_owner[s + c] = i
+            v.table_start[i] = s
+            v.table_chunks[i] = target[i]
+        for c in range(total, cap):
+            v.table_owner[c] = -1
+    v._scalars[3] = 0
+
+
+@ti.kernel
+def _k_permute(v: ti.template(), order: ti.template(), first: ti.i32, count: ti.i32, meta: _i32_nd):
+    """Lists first + k take lists first + order[k] (k < count): length, chunk run and inline elements. The old
+    values are staged first (meta: 3 * count entries, relayout_tmp: count * inline_capacity elements); the launch's
+    loops run one after the other."""
+    ic = ti.static(v.inline_capacity)
+    for k in range(count):
+        s = first + order[k]
+        n = v.length_field[s]
+        meta[3 * k] = n
+        meta[3 * k + 1] = v.table_start[s]
+        meta[3 * k + 2] = v.table_chunks[s]
+        if ti.static(ic > 0):
+            for e in range(ti.min(n, ic)):
+                v.relayout_tmp[k * ic + e] = v.store[s * ic + e]
+    for k in range(count):
+        d = first + k
+        n = meta[3 * k]
+        start = meta[3 * k + 1]
+        chunks = meta[3 * k + 2]
+        v.length_field[d] = n
+        v.table_start[d] = start
+        v.table_chunks[d] = chunks
+        if ti.static(ic > 0):
+            for e in range(ti.min(n, ic)):
+                v.store[d * ic + e] = v.relayout_tmp[k * ic + e]
+        for c in range(chunks):
+            v.table_owner[start + c] = d
+
+
+@ti.kernel
+def k_lengths_to_nd(v: ti.template(), out: _i32_nd):
+    for i in range(v.num_arrays):
+        out[i] = v.length_field[i]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The host side
+# ----------------------------------------------------------------------------------------------------
+class Growth:
+    """commit, clear_all, trim, reserve and permute of :class:`vla.VLA` (a mixin)."""
+
+    # Work buffers of the rare host-side paths (growth through the host, compaction, trim, reserve, from_csr): a
+    # list's worth of i32 each, given back when the operation ends, because those paths allocate and copy far more
+    # than these anyway. The others stay for reuse: launch's and Batch's snapshots (every call), lengths()/to_csr()'s
+    # and permute()'s buffers.
+    _TRANSIENT_SCRATCH = ("demand", "moved", "target", "new_start")
+
+    def commit(self):
+        """Make every element appended since the last commit readable; grow capacity as needed.
+
+        Costs one scalar read when nothing overflowed, else one launch and a second read (unless some list found
+        the pool full: then the host compacts and grows the pool). Raises VLAOverflowError (after growing to the
+        demand) if the overflow area could not hold all overflowed elements; the VLA's lists then hold only part of
+        what was appended: run the kernel again (vla.launch does) or clear and refill.
+        """
+        self._check_program()
+        n_ovf = int(self._scalars[0])
+        if n_ovf == 0:
+            return
+        ovf_cap = self._caps["ovf_value"]
+        self.overflow_events += 1
+        # bump: one launch and one scalar read; lists grow at the pool's end on the device, then the parked elements
+        # move home (and the overflow area empties) unless some list found the pool full.
+        # ordered: a list grows only through a re-layout of the pool, on the host's side.
+        if self.runs == "ordered" or not self._commit_on_device():
+            demand = self._scratch_nd("demand", self.num_arrays)
+            k_lengths_to_nd(self, demand)
+            self._grow_to(demand, headroom=True)  # (counts the growth)
+            k_move_overflow_home(self)
+            self._release_transient_scratch()
+        if n_ovf > ovf_cap:
+            new_cap = bucket(n_ovf * 1.1)
+            self._regrow("ovf_value", self._store_dtype, new_cap)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap)
+            self._scalars[1] = new_cap
+            raise VLAOverflowError(
+                f"VLA {self.name!r}: a kernel appended {n_ovf} elements beyond the lists' reserved chunks, but "
+                f"the overflow area holds {ovf_cap}; {n_ovf - ovf_cap} were lost. Capacity has grown to the "
+                f"demand: run the kernel through vla.launch() (which rolls back and re-runs), or clear and refill.",
+                appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
+
+    def clear_all(self):
+        """Empty every list; reserved chunks stay with their lists (lazy release)."""
+        k_clear_all(self)
+
+    def trim(self):
+        """Compact the pool, release every chunk the current lengths do not need, shrink the overflow area back to
+        its initial size and free the kept work buffers (allocated again when next needed)."""
+        self.commit()
+        target = self._scratch_nd("target", self.num_arrays)
+        _k_target_trim(self, target)
+        self._relayout(target, shrink=True)
+        self._release_transient_scratch()
+        if self._caps["ovf_value"] > self._default_ovf:
+            self._regrow("ovf_value", self._store_dtype, self._default_ovf)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf)
+            self._scalars[1] = self._default_ovf
+        self._scratch.clear()
+        self._scanner.release()
+
+    def reserve(self, lengths):
+        """Pre-assign capacity so each list i can hold lengths[i] elements without overflow."""
+        lengths = np.asarray(lengths)
+        if lengths.shape != (self.num_arrays,) or not np.issubdtype(lengths.dtype, np.integer) or (lengths < 0).any():
+            raise ValueError(f"VLA {self.name!r}.reserve: need {self.num_arrays} non-negative integer lengths, "
+                             f"got {lengths.dtype} {lengths.shape}")
+        self._reserve_for(lengths.astype(np.int32))
+
+    def permute(self, order, first=0, count=None):
+        """Reorder lists in place: list first + k becomes what list first + order[k] was (k < count), with its
+        elements and its capacity (the chunks it owns go with it, so memoised capacity follows the data and nothing
+        is allocated). order: i32 Taichi field holding a permutation of 0..count-1 in its first count entries. first:
+        an int, or a sequence of ints to permute several disjoint ranges of count lists by the same order (one
+        staging buffer for all). Cost: the lists' inline parts and chunk tables; pool elements do not move. Appends
+        still in the overflow area are committed first. Not available with runs="ordered"."""
+        firsts = [int(first)] if isinstance(first, (int, np.integer)) else [int(f) for f in first]
+        count = self.num_arrays - firsts[0] if count is None else int(count)
+        ends = sorted((f, f + count) for f in firsts)
+        for f, e in ends:
+            if f < 0 or count < 0 or e > self.num_arrays:
+                raise ValueError(f"VLA {self.name!r}.permute: lists [{f}, {e}) outside [0, {self.num_arrays})")
+        if any(a[1] > b[0] for a, b in zip(ends, ends[1:])):
+            raise ValueError(f"VLA {self.name!r}.permute: ranges of {count} lists from {firsts} overlap")
+        if self.runs == "ordered":
+            raise ValueError(f"VLA {self.name!r}.permute: lists with runs='ordered' keep their runs in list order, "
+                             f"which a permutation would break; create the VLA with runs='bump' to permute it")
+        if count == 0:
+            return
+        self.commit()
+        meta = self._scratch_nd("permute_meta", 3 * count)
+        staged = count * self.inline_capacity
+        # The staging for the inline parts is the re-layout's (its own tree, so a regrow usually recompiles nothing:
+        # vla.taichi_compat); it is given back afterwards, as after a re-layout. Allocating it costs more than the
+        # permutation (H200, 1M lists of 5 inline 48-byte records: ~12 ms of host time per allocation and release,
+        # against 0.7-1 ms of kernels), hence several ranges per call.
+        if self._caps["relayout_tmp"] < staged:
+            self._regrow("relayout_tmp", self._store_dtype, staged)
+        for f in firsts:
+            _k_permute(self, order, f, count, meta)
+        if self._caps["relayout_tmp"] > 1:
+            self._regrow("relayout_tmp", self._store_dtype, 1)
+
+    # ------------------------------------------------------------------ kernel-side internals
+    @ti.func
+    def _grow_target(self, i, demand, headroom):
+        """Chunks list i gets if it must grow to hold ``demand`` elements, else 0. With headroom, a growing list gets
+        25% (rounded down to whole chunks) more than it needs, so that a list that creeps upwards frame after frame
+        grows O(log) times once it holds 4 chunks or more (before that, once per chunk), not every frame. No minimum
+        of one extra chunk: for the short lists that dominate (a contact list needs 1-3 chunks) that minimum doubled
+        the reserved memory, and a list that grows is moved on the device without a host round trip (_k_commit)."""
+        need = self._chunks_for(demand)
+        m = 0
+        if need > self._chunks_of(i):
+            m = need
+            if headroom:
+                m = need + need // 4
+        return m
+
+    # ------------------------------------------------------------------ host-side internals
+    def _release_transient_scratch(self):
+        for key in self._TRANSIENT_SCRATCH:
+            self._scratch.pop(key, None)
+
+    def _owner_len(self, pool_chunks):
+        """Entries of table_owner: one per chunk (bump), or one per HINT_EVERY chunks and one past the last (ordered)."""
+        return (pool_chunks >> self._hint_shift) + 2 if self.runs == "ordered" else pool_chunks
+
+    def _regrow(self, attr, dtype, new_len):
+        """Replace field ``attr`` with an empty one of ``new_len`` entries (callers copy what they keep)."""
+        field, tree, recompiled = taichi_compat.replace(self._trees[attr], dtype, new_len,
+                                                        f"VLA {self.name!r}: {attr}", self._debug)
+        setattr(self, attr, field)
+        self._trees[attr] = tree
+        self._caps[attr] = new_len
+        if recompiled:
+            self.recompile_events += 1
+
+    def _commit_on_device(self) -> bool:
+        _k_commit(self, self._caps["pool_chunks"])
+        return self._after_claims()
+
+    def _reserve_for(self, lengths_np):
+        demand = self._scratch_nd("demand", self.num_arrays)
+        demand.from_numpy(lengths_np)
+        self._grow_to(demand, headroom=False)
+        self._release_transient_scratch()
+
+    def _after_claims(self) -> bool:
+        """After a kernel that ran claims (_k_commit, _k_claim_runs): one scalar read of their outcome; counts a
+        growth if any list moved. Returns False when some list found the pool full; the bump is then set back to
+        the pool's end (the chunks between the last successful run and the end were never assigned: owner -1,
+        skipped by every walk) and the caller must compact."""
+        outcome = int(self._scalars[7])
+        if outcome < 0:
+            self._scalars[4] = 0
+            self._scalars[2] = self._caps["pool_chunks"]
+            self._scalars[7] = 0
+            return False
+        if outcome > 0:
+            self.grow_events += 1
+        return True
+
+    def _grow_to(self, demand, headroom):
+        """Give every list the chunks it needs to hold demand[i] elements (device-side).
+
+        Lists that must grow claim a new run of chunks at the end of the pool (cost: their own elements); only when
+        the pool is full does everything compact into a larger pool (cost: the whole pool). runs="ordered": every
+        growth is such a compaction. Counts one growth event if any list grew."""
+        n = self.num_arrays
+        moved = self._scratch_nd("moved", n)
+        if _k_grow_targets(self, demand, int(headroom), moved) == 0:
+            return
+        if self.runs == "bump":
+            _k_claim_runs(self, moved, self._caps["pool_chunks"])
+            grown = self.grow_events
+            if self._after_claims():  # (counts the growth)
+                return
+            self.grow_events = grown + 1  # the lists grow through the compaction (once with those that moved)
+        else:
+            self.grow_events += 1
+        target = self._scratch_nd("target", n)
+        _k_target_keep(self, moved, target)
+        self._relayout(target, shrink=False)
+
+    def _relayout(self, target, shrink):
+        """Compact the pool: target[i] chunks for list i, in list order, keeping every list's data (up to target[i]
+        chunks). The pool grows (to 1.1-1.2x the demand) if less than ~10% of it would stay free, or shrinks to fit
+        if asked. Each growth copies the whole store: a pool whose demand keeps rising re-lays itself out about
+        every 10% of growth (more often than with x1.5 steps, for less memory)."""
+        n = self.num_arrays
+        self.compact_events += 1
+        new_start = self._scratch_nd("new_start", n + 1)
+        self._scanner.exclusive(target, n, new_start)
+        total = int(new_start[n])
+        n_old = int(self._scalars[2])   # chunks handed out: [0, n_old); holes among them have owner -1
+        cs = self.chunk_size
+        cap = self._caps["pool_chunks"]
+        # Grow before the pool is full, so that a compaction leaves room for the growths that follow.
+        regrow = total > cap or (shrink and total < cap) or (not shrink and total * POOL_HEADROOM > cap)
+        # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
+        tmp_base = self._n_inline if regrow else 0
+        if n_old and total:
+            self._regrow("relayout_tmp", self._store_dtype, tmp_base + total * cs)
+            _k_relayout_to_tmp(self, n_old, target, new_start, tmp_base)
+        elif regrow and tmp_base:
+            self._regrow("relayout_tmp", self._store_dtype, tmp_base)
+        if regrow and tmp_base:
+            _k_inline_to_tmp(self)
+        if regrow:
+            cap = max(1, total if shrink else bucket(total * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+            self._regrow("store", self._store_dtype, self._n_inline + cap * cs)
+            self._regrow("table_owner", ti.i32, self._owner_len(cap))
+            self._caps["pool_chunks"] = cap
+            if tmp_base:
+                _k_tmp_to_store(self, 0, 0, tmp_base)
+        if n_old and total:
+            _k_tmp_to_store(self, tmp_base, self._n_inline, total * cs)
+        if self._caps["relayout_tmp"] > 1:
+            self._regrow("relayout_tmp", self._store_dtype, 1)
+        _k_relayout_table(self, new_start, target, total, cap)
+        self._scalars[2] = total

@@ -1,0 +1,146 @@
+"""Moving a VLA's contents between the device and the host: packed CSR (offsets, values) both ways.
+
+``to_csr`` packs the live elements on the device (a prefix sum of the lengths, then one flat, coalesced gather per
+member), so only live bytes cross to the host; ``from_csr`` reserves each list's room and scatters the values home.
+"""
+import numpy as np
+import taichi as ti
+from taichi.lang.matrix import MatrixType
+from taichi.lang.struct import StructType
+from taichi.lang.util import to_numpy_type
+
+from .errors import VLACapacityError
+from .growth import k_clear_all, k_lengths_to_nd
+from .taichi_compat import I32_MAX
+
+_nd = ti.types.ndarray()
+_i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+
+@ti.kernel
+def k_nd_to_lengths(v: ti.template(), src: _i32_nd):
+    for i in range(v.num_arrays):
+        v.length_field[i] = src[i]
+
+
+@ti.kernel
+def _k_gather_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, out: _nd):
+    """Pack every live element's leaf into out, list by list (to_csr). Flat and coalesced."""
+    for e in range(v.flat_size()):
+        i, k = v.flat_index(e)
+        if i >= 0:
+            out[offsets[i] + k] = v._leaf_at(e, path)
+
+
+@ti.kernel
+def _k_scatter_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, owner: _i32_nd, src: _nd, total: ti.i32):
+    """Write packed CSR values home (from_csr); capacity was reserved beforehand."""
+    for e in range(total):
+        i = owner[e]
+        v._set_leaf_at(v._addr(i, e - offsets[i]), path, src[e])
+
+
+class Transfer:
+    """lengths, to_csr, from_csr and to_lists of :class:`vla.VLA` (a mixin)."""
+
+    def lengths(self) -> np.ndarray:
+        """Lengths of all lists, np.int32 (num_arrays,)."""
+        out = self._scratch_nd("lengths_out", self.num_arrays)
+        k_lengths_to_nd(self, out)
+        return out.to_numpy()
+
+    def to_csr(self):
+        """(offsets int64 (num_arrays+1,), values): values is an ndarray, or a dict of ndarrays keyed by struct
+        member ('a.b' for nested members). Commits first; packed on the device, so only live elements are copied."""
+        self.commit()
+        n = self.num_arrays
+        lens = self._scratch_nd("lengths_out", n)
+        k_lengths_to_nd(self, lens)
+        offs = self._scratch_nd("csr_offsets", n + 1)
+        self._scanner.exclusive(lens, n, offs)
+        offsets = offs.to_numpy().astype(np.int64)
+        total = int(offsets[-1])
+        values = {}
+        for path, ldt in self._leaves:
+            out = ti.ndarray(ldt, shape=max(total, 1))
+            if total:
+                _k_gather_leaf(self, path, offs, out)
+            values[".".join(path)] = out.to_numpy()[:total]
+        if not isinstance(self.dtype, StructType):
+            values = values[""]
+        return offsets, values
+
+    def from_csr(self, offsets, values):
+        """Replace every list's contents with a CSR description (the inverse of to_csr)."""
+        offsets = np.asarray(offsets)
+        n = self.num_arrays
+        if offsets.ndim != 1 or offsets.shape[0] != n + 1:
+            raise ValueError(f"VLA {self.name!r}.from_csr: offsets must have num_arrays+1 = {n + 1} entries, "
+                             f"got shape {offsets.shape}")
+        if not np.issubdtype(offsets.dtype, np.integer):
+            raise TypeError(f"VLA {self.name!r}.from_csr: offsets must be integers, got {offsets.dtype}")
+        if offsets[0] != 0:
+            raise ValueError(f"VLA {self.name!r}.from_csr: offsets[0] must be 0, got {offsets[0]}")
+        lens = np.diff(offsets)
+        if (lens < 0).any():
+            bad = int(np.argmax(lens < 0))
+            raise ValueError(f"VLA {self.name!r}.from_csr: offsets must be non-decreasing; offsets[{bad + 1}] = "
+                             f"{offsets[bad + 1]} < offsets[{bad}] = {offsets[bad]}")
+        total = int(offsets[-1])
+        if total > I32_MAX:
+            raise VLACapacityError(f"VLA {self.name!r}.from_csr: {total} elements exceed the 32-bit index space")
+        leaf_values = self._check_values(values, total)
+        self.commit()
+        k_clear_all(self)
+        self._reserve_for(lens.astype(np.int32))
+        if total:
+            offs_nd = self._scratch_nd("csr_offsets", n + 1)
+            offs_nd.from_numpy(offsets.astype(np.int32))
+            owner = ti.ndarray(ti.i32, shape=total)
+            owner.from_numpy(np.repeat(np.arange(n, dtype=np.int32), lens))
+            for (path, ldt), arr in zip(self._leaves, leaf_values):
+                src = ti.ndarray(ldt, shape=total)
+                src.from_numpy(arr)
+                _k_scatter_leaf(self, path, offs_nd, owner, src, total)
+        lens_nd = self._scratch_nd("demand", n)
+        lens_nd.from_numpy(lens.astype(np.int32))
+        k_nd_to_lengths(self, lens_nd)
+        self._release_transient_scratch()
+
+    def to_lists(self):
+        """Python lists (scalars), lists of numpy rows (vectors), or lists of dicts (structs)."""
+        offsets, values = self.to_csr()
+        out = []
+        for i in range(self.num_arrays):
+            a, b = offsets[i], offsets[i + 1]
+            if isinstance(values, dict):
+                out.append([{key: val[j] for key, val in values.items()} for j in range(a, b)])
+            elif values.ndim == 1:
+                out.append(values[a:b].tolist())
+            else:
+                out.append([values[j] for j in range(a, b)])
+        return out
+
+    def _check_values(self, values, total):
+        leaves = []
+        if isinstance(self.dtype, StructType):
+            if not isinstance(values, dict):
+                raise TypeError(f"VLA {self.name!r}.from_csr: struct dtype needs values as a dict of arrays keyed "
+                                f"by member, got {type(values).__name__}")
+            keys = {".".join(p) for p, _ in self._leaves}
+            if set(values) != keys:
+                raise ValueError(f"VLA {self.name!r}.from_csr: values keys {sorted(values)} != members {sorted(keys)}")
+            items = [(".".join(p), dt, values[".".join(p)]) for p, dt in self._leaves]
+        else:
+            items = [("values", self._leaves[0][1], values)]
+        for key, ldt, arr in items:
+            arr = np.asarray(arr)
+            shape = (total,)
+            if isinstance(ldt, MatrixType):
+                shape = (total, ldt.n) if ldt.ndim == 1 else (total, ldt.n, ldt.m)
+            if arr.shape != shape:
+                raise ValueError(f"VLA {self.name!r}.from_csr: {key} has shape {arr.shape}, but the offsets say "
+                                 f"{total} elements: expected {shape}")
+            base = ldt.dtype if isinstance(ldt, MatrixType) else ldt
+            leaves.append(np.ascontiguousarray(arr, dtype=to_numpy_type(base)))
+        return leaves
