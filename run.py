@@ -14,10 +14,10 @@ This file only dispatches; the work lives in app/ and bench/.
 import sys
 
 SUBCOMMANDS = {
-    "batch": ("app.batch", "main"),
-    "report": ("app.report", "main"),
-    "replay": ("app.viewer", "replay_main"),
-    "filter": ("app.filter", "main"),
+    "batch": ("app.batch.cli", "main"),
+    "report": ("app.batch.report", "main"),
+    "replay": ("app.viewer.replay", "replay_main"),
+    "filter": ("app.filter.cli", "main"),
     "bench": ("bench.cli", "main"),
 }
 

@@ -1,7 +1,7 @@
 """`python run.py [SCENE] [--headless] --frames N [--arch auto|cpu|cuda] [--out DIR] [--record] [--set k=v ...]`
 
 With --headless: app.headless.run_headless, outputs in --out (default out/<scene file stem>).
-Without: the interactive viewer, app.viewer.main_interactive(args) (imported only then, so headless runs
+Without: the interactive viewer, app.viewer.interactive.main_interactive(args) (imported only then, so headless runs
 never load GGUI). `args` is the argparse namespace: scene, headless, frames, arch, out, record, set.
 """
 from __future__ import annotations
@@ -33,15 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", action="store_true", help="also write trajectory.npz (every frame's poses)")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scene value, e.g. --set sim.seed=3 --set materials.steel.friction=0.4")
-    # offscreen rendering (app/viewer.py); GGUI is imported only when one of these is given
+    # offscreen rendering (app/viewer/offscreen.py); GGUI is imported only when one of these is given
     p.add_argument("--render", default=None, metavar="DIR", help="with --headless: write DIR/frame_00000.png ...")
     p.add_argument("--render-every", type=int, default=1, metavar="K", help="render every K-th frame (default 1)")
     p.add_argument("--video", default=None, metavar="FILE.mp4", help="with --headless: encode the frames to an MP4")
     return p
-
-
-def default_out_dir(scene_path: str) -> str:
-    return os.path.join("out", os.path.splitext(os.path.basename(scene_path))[0])
 
 
 def main(argv=None) -> int:
@@ -49,12 +45,12 @@ def main(argv=None) -> int:
     if args.frames is not None and args.frames < 1:
         raise UserError(f"--frames: expected an integer >= 1, got {args.frames}")
     if args.headless:
-        from app.headless import run_headless
+        from app.headless import default_out_dir, run_headless
 
         out = args.out or default_out_dir(args.scene)
         on_frame = None
         if args.render or args.video:
-            from app.viewer import frame_callback
+            from app.viewer.offscreen import frame_callback
 
             on_frame = frame_callback(args.render, args.render_every, args.video)
         try:
@@ -72,14 +68,6 @@ def main(argv=None) -> int:
               f"({rate}, {m['arch']}); contacts final {m['contacts']['final']}, "
               f"max penetration {m['max_penetration'] * 1000:.2f} mm; wrote {out}/")
         return 0
-    try:
-        import importlib
+    from app.viewer.interactive import main_interactive
 
-        viewer = importlib.import_module("app.viewer")
-    except ModuleNotFoundError as e:
-        if e.name != "app.viewer":
-            raise
-        print("the interactive viewer (app/viewer.py) is not available in this build; use --headless",
-              file=sys.stderr)
-        return 2
-    return int(viewer.main_interactive(args) or 0)
+    return int(main_interactive(args) or 0)

@@ -1,4 +1,4 @@
-"""Faster kernel compilation: memoise the repeated source work of Taichi's Python front end.
+"""Faster kernel compilation, off unless asked for: memoise the repeated source work of Taichi's Python front end.
 
 Every time a process first calls a kernel, Taichi rebuilds the kernel's intermediate code from its Python
 source, also when the machine code then comes from its disk cache (the cache's key is a hash of that code).
@@ -7,18 +7,18 @@ For each inlined ``@ti.func`` call it reads the function's source again (``inspe
 message (file, line, the line wrapped by ``textwrap`` with a ``^^^`` marker under the node) that is kept for
 error messages. The simulator's kernels inline the same functions many times (a Jacobi iteration five times a
 launch, the contact emission once per pair class, the math helpers everywhere), so most of this work repeats
-the same inputs. Profiled (cProfile) on this project's 2-core development machine, the first step of
-``scenes/default.yaml`` (its kernels in Taichi's disk cache) spent 7.1 of 17.1 s formatting position messages
-(102,492 of them, 7,192 distinct) and 3.2 s re-reading sources; with the caches, that step takes about half
-as long (docs/simulator.md, "Session 21").
+the same inputs: on a 2-core CPU the first step of ``scenes/default.yaml`` (its kernels in Taichi's disk cache)
+spent 7.1 of 17.1 s formatting position messages (102,492 of them, 7,192 distinct) and 3.2 s re-reading sources;
+with the caches, that step takes about half as long.
 
-``install()`` wraps those functions with caches keyed on everything their results depend on, so the strings
-and source lines Taichi gets are exactly the ones it would have computed: no behaviour changes, compiled code
-included. It patches Taichi 1.7.4's internals (``taichi.lang.kernel_impl`` and
-``taichi.lang.ast.ast_transformer_utils``), checks that they look as expected, and does nothing on another
-Taichi version. The app installs it when it starts Taichi (app.headless.init_taichi) and the tests do in
-their conftest; a program using only ``vla`` may call it too. ``SMOLVLA_FRONTEND_CACHE=0`` in the environment
-leaves Taichi as it is.
+``install()`` wraps those functions with caches keyed on everything their results depend on, so the strings and
+source lines Taichi gets are exactly the ones it would have computed: no behaviour changes, compiled code
+included. The trade-off: it patches private functions of Taichi 1.7.4 (``taichi.lang.kernel_impl`` and
+``taichi.lang.ast.ast_transformer_utils``) for the whole process, and its caches hold every source line and
+position message seen (bounded at 200,000 messages, about 10,000 for the simulator). So it is off unless asked
+for: ``SMOLVLA_FRONTEND_CACHE=1`` in the environment turns it on for the app's runs (app.runtime.init_taichi,
+app.filter.cli.init_taichi), ``install(force=True)`` for a program of one's own; the test suite, whose time is
+mostly kernel compilation, turns it on in tests/conftest.py. On another Taichi version it does nothing.
 """
 
 import functools
@@ -47,12 +47,13 @@ class _TextwrapWithCachedFill:
         return textwrap.fill(text, **kwargs)
 
 
-def install() -> bool:
-    """Install the caches (once per process). Returns whether they are installed."""
+def install(force: bool = False) -> bool:
+    """Install the caches (once per process) if SMOLVLA_FRONTEND_CACHE=1 or force. Returns whether they are
+    installed."""
     global _installed
     if _installed:
         return True
-    if os.environ.get("SMOLVLA_FRONTEND_CACHE", "1") == "0":   # (to compare, or to rule it out)
+    if not force and os.environ.get("SMOLVLA_FRONTEND_CACHE", "0") != "1":
         return False
     import taichi as ti
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
 from app.errors import UserError
+from app.runtime import ensure_taichi, taichi_program
 from app.scene import load_scene
 
 # Simulations kept alive per contact storage, so repeated runs in one process (tests, batches) reuse the
@@ -35,96 +35,9 @@ from app.scene import load_scene
 _SIM_CACHE: dict = {}
 
 
-def _taichi_prog():
-    from taichi.lang import impl
-
-    return impl.get_runtime().prog
-
-
-# Taichi options of every simulation run (headless, viewer, batch, the benchmarks). fast_math=False: IEEE float
-# rounding, so that a contact record's terms round the same wherever the compiler puts it. With Taichi's default
-# fast math the compiler may round a contact record's terms differently in different code paths (on the CPU, most
-# likely a vectorized loop body and its scalar remainder, which a record falls into by its place in the list: the
-# generated code was not inspected), and the order in which threads appended a body's contacts then changes its
-# velocity in the last bits: runs of one scene diverged (CPU: two runs of scenes/default.yaml in different states
-# after 249 steps; H200: 0.42 m apart after 600 steps in one process). The fixed-point sums (app.solver.FIXED_ONE)
-# make the motion order-independent only when each term is computed the same way. Measured on the H200
-# (docs/benchmarks.md, session 16): pile_1m is also faster without fast math (10.29 against 10.89 ms a step; the
-# Jacobi iteration 0.582 against 0.644 ms), and runs are bit-identical on the GPU too (session 17).
-TAICHI_OPTIONS = {"fast_math": False}
-# and on the CPU, without Taichi's own IR optimisations (advanced_optimization), whose passes took most of a first
-# run's compile: the simulator's kernels took 225 s to compile on a 2-core CPU with them (the narrowphase
-# 186 s, the Jacobi iterations 28 s) and 37 s without (narrowphase 16 s), while LLVM still optimises the code
-# it generates. On CUDA, where the steps are what is measured, the options stay Taichi's defaults.
-CPU_OPTIONS = {"advanced_optimization": False}
-
-
-def taichi_options(arch: str) -> dict:
-    """The ti.init options of a simulation run on `arch` ('cpu' or 'cuda'): TAICHI_OPTIONS, and CPU_OPTIONS
-    on the CPU."""
-    return {**TAICHI_OPTIONS, **(CPU_OPTIONS if arch == "cpu" else {})}
-
-
-def pick_arch(arch: str) -> str:
-    """'cpu' or 'cuda' for an --arch of auto | cpu | cuda: auto takes CUDA where Taichi finds it. Deciding
-    before ti.init lets a CPU run start once, with the CPU's options (a CUDA init that falls back would have
-    to start again: 0.3 s)."""
-    from taichi.lang.misc import is_arch_supported
-    import taichi as ti
-
-    if arch == "auto":
-        return "cuda" if is_arch_supported(ti.cuda) else "cpu"
-    return arch
-
-
-NO_CUDA = "--arch cuda: no CUDA device is available here (use --arch auto or cpu)"
-
-
-def init_taichi(arch: str, cuda_options=None, cpu_options=None) -> str:
-    """ti.init on pick_arch(arch) with taichi_options() and the caller's own options for that arch (log level,
-    profiler, memory pool); returns 'cuda' or 'cpu'. A CUDA init that Taichi turned into a CPU one (CUDA found
-    but failing) starts again with the CPU's options; `arch` 'cuda' without a working device is a UserError.
-    Simulation runs (ensure_taichi: headless, viewer, batch workers) and the benches (bench.common) start Taichi
-    through it."""
-    import taichi as ti
-    from taichi.lang import impl
-
-    from app.frontend_cache import install
-
-    install()   # (kernels compile about twice as fast: see app.frontend_cache)
-    if pick_arch(arch) == "cuda":
-        ti.init(arch=ti.cuda, **(cuda_options or {}), **taichi_options("cuda"))
-        if impl.current_cfg().arch == ti.cuda:
-            return "cuda"
-    if arch == "cuda":
-        raise UserError(NO_CUDA)
-    ti.init(arch=ti.cpu, **(cpu_options or {}), **taichi_options("cpu"))
-    return "cpu"
-
-
-def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
-    """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
-    'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,
-    whose contact storage may need a larger sparse-data pool on CUDA (app.contacts.taichi_pool_gb), and
-    capacity the body capacity its Simulation will get if more than the scene's."""
-    import taichi as ti
-    from taichi.lang import impl
-
-    if arch not in ("auto", "cpu", "cuda"):
-        raise UserError(f"--arch: expected auto | cpu | cuda, got {arch!r}")
-    if _taichi_prog() is None:
-        from app.contacts import taichi_pool_gb
-
-        pool = taichi_pool_gb(scene, capacity) if scene is not None else None
-        cuda_options = {"log_level": ti.ERROR} if pool is None else {"log_level": ti.ERROR, "device_memory_GB": pool}
-        init_taichi(arch, cuda_options=cuda_options, cpu_options={"log_level": ti.WARN})
-    used = "cuda" if impl.current_cfg().arch == ti.cuda else "cpu"
-    if arch == "cuda" and used != "cuda":   # (Taichi already running on the CPU)
-        raise UserError(NO_CUDA)
-    if verbose:
-        why = " (no CUDA device found)" if arch == "auto" and used == "cpu" else ""
-        print(f"arch: {used}{why}", file=sys.stderr)
-    return used
+def default_out_dir(scene_path: str) -> str:
+    """out/<scene file name without extension>: where a headless run writes when no --out is given."""
+    return os.path.join("out", os.path.splitext(os.path.basename(scene_path))[0])
 
 
 def get_simulation(scene, verbose=True):
@@ -132,7 +45,7 @@ def get_simulation(scene, verbose=True):
     from app.sim import Simulation
 
     kind = scene.sim["contacts"]
-    prog = _taichi_prog()
+    prog = taichi_program()
     cached = _SIM_CACHE.get(kind)
     if cached is not None and cached[0] is prog:
         sim = cached[1]
@@ -191,9 +104,9 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     t_first = None
     try:
         for f in range(frames):
-            sim.contacts.max_depth[None] = 0.0
+            sim.diagnostics.reset_max_depth()
             sim.step_frame()
-            if on_frame is not None:  # viewer hook (offscreen frames / video); see app.viewer.frame_callback
+            if on_frame is not None:  # viewer hook (offscreen frames / video); see app.viewer.offscreen.frame_callback
                 on_frame(sim, f)
             frame = sim.last_frame   # (step_frame's one read of the device)
             final_pen = frame["max_depth"]

@@ -80,7 +80,7 @@ def measure_copy_bandwidth(n_floats: int, warmup: int, repeats: int) -> dict:
     """Bytes/s of kernel_copy over n_floats float32 (4 B read + 4 B written per element); best run."""
     import taichi as ti
 
-    from app.filter_kernels import kernel_copy
+    from app.filter.kernels import kernel_copy
 
     src = ti.ndarray(ti.f32, shape=(n_floats,))
     dst = ti.ndarray(ti.f32, shape=(n_floats,))
@@ -110,9 +110,9 @@ def _device_name(arch: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.filter_engine import METHODS
+    from app.filter.engine import METHODS
 
-    from app.filter import _Parser
+    from app.filter.cli import _Parser
 
     p = _Parser(prog="run.py bench filter", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="cpu", choices=["cpu", "cuda"])
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default="gaussian")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     p.add_argument("--no-scipy", action="store_true", help="skip baseline (c) (slow at 1080p)")
-    p.add_argument("--specialise", type=int, default=None, help="radii up to this get compile-time paths in vla-flat/vla-shared (-1: none; default app.filter_engine.DEFAULT_SPECIALISE)")
+    p.add_argument("--specialise", type=int, default=None, help="radii up to this get compile-time paths in vla-flat/vla-shared (-1: none; default app.filter.engine.DEFAULT_SPECIALISE)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--scipy-repeats", type=int, default=1, help="timed runs of baseline (c), which needs no warm-up")
@@ -138,8 +138,8 @@ def run_bench(args) -> dict:
     import taichi as ti
 
     from app.errors import UserError
-    from app.filter import init_taichi
-    from app.filter_engine import METHODS, FilterEngine
+    from app.filter.cli import init_taichi
+    from app.filter.engine import METHODS, FilterEngine
 
     init_taichi(args.arch)
     width, height = SMALL_SIZE if args.small else (args.width, args.height)
@@ -149,7 +149,7 @@ def run_bench(args) -> dict:
             raise UserError(f"--methods: unknown method {m!r}; expected some of {list(METHODS)}")
     if args.no_scipy and "scipy" in methods:
         methods.remove("scipy")
-    from app.filter_engine import DEFAULT_SPECIALISE
+    from app.filter.engine import DEFAULT_SPECIALISE
 
     spec = DEFAULT_SPECIALISE if args.specialise is None else args.specialise
     engine = FilterEngine(height, width, args.channels, args.max_radius, args.kernel, specialise=spec)

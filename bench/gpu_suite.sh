@@ -12,7 +12,7 @@ SMOLVLA_TEST_ARCH=cuda timeout 130 python -m pytest tests/test_vla.py -q -x -p n
 echo "== bench vla"
 timeout 200 python run.py bench vla --arch cuda --dists heavy,uniform1024 --repeats 10 --kernel-times --out "$out" 2>&1 | grep -v Warning | tail -12
 echo "== dynamic storage: run.py's sparse-data pool holds pile_1m's lists filled to their maximum"
-timeout 90 python -m bench.dynamic_pool 2>&1 | tail -1
+timeout 90 python -m bench.dev.dynamic_pool 2>&1 | tail -1
 echo "== bench sim"
 timeout 420 python run.py bench sim --arch cuda --steps 100 --storages vla,padded --repeats 2 --out "$out" 2>&1 | tail -12
 echo "== bench viewer"

@@ -75,7 +75,7 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     sim.check()
     ti.sync()
     t_warm = time.perf_counter() - t_build
-    contacts0 = int(sim.contacts.contact_total[None])
+    contacts0 = int(sim.diagnostics.contact_total[None])
     dropped0 = sim.contacts.overflowed()  # cumulative since the storage was made: split warm-up / timed
     t0 = time.perf_counter()
     sim.advance(steps)
@@ -97,7 +97,7 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
         "steps_per_second": steps / wall, "contacts_at_start": contacts0,
         "resort_interval": sim.resort_interval if resorts else 0, "resort_ms": resort_ms,
         "ms_per_step_with_resort": 1e3 * wall / steps + (resort_ms / sim.resort_interval if resorts else 0.0),
-        "contacts_at_end": int(sim.contacts.contact_total[None]),
+        "contacts_at_end": int(sim.diagnostics.contact_total[None]),
         "contact_reserved_bytes": int(st["reserved_bytes"]), "contact_live_bytes": int(st["live_bytes"]),
         "contact_storage_stats": st, "grid_reserved_bytes": int(grid["reserved_bytes"]),
         # contacts the padded/dynamic storage dropped over the whole run (warm-up + timed steps), and in the
@@ -126,11 +126,11 @@ def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_i
 
 
 def _run_one(job_json: str) -> int:
-    from app.headless import ensure_taichi
+    from app.runtime import ensure_taichi
     from app.scene import load_scene
 
     job = json.loads(job_json)
-    # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.contacts.taichi_pool_gb)
+    # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.sim.contacts.taichi_pool_gb)
     scene = load_scene(job["path"], tuple(job["overrides"]) + (f"sim.contacts={job['storage']}",))
     arch = ensure_taichi(job["arch"], verbose=False, scene=scene)
     r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False,

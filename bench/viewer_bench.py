@@ -63,17 +63,18 @@ def main(argv=None) -> int:
     if args.frames < 1 or args.warmup < 0:
         raise UserError("bench viewer: --frames must be >= 1 and --warmup >= 0")
     from app.scene import load_scene
-    from app.viewer import OffscreenView, parse_size, vulkan_icds, vulkan_problem
+    from app.viewer.display import parse_size, vulkan_icds, vulkan_problem
+    from app.viewer.offscreen import OffscreenView
 
     size = parse_size(args.size)
     problem = vulkan_problem()
     if problem:
         raise UserError(f"bench viewer: {problem}")
     scene = load_scene(args.scene, tuple(args.set))
-    from app.headless import ensure_taichi
+    from app.runtime import ensure_taichi
 
     arch = ensure_taichi(args.arch if args.arch != "auto" else scene.sim["arch"])
-    from app.render import SimSource
+    from app.viewer.render import SimSource
     from app.sim import Simulation
 
     from bench.common import device_name, markdown_table, write_results

@@ -1,19 +1,20 @@
 """VLA against Taichi's `dynamic` SNode and a padded dense array, on the same workloads, in one run.
 
     python run.py bench vla [--arch auto|cpu|cuda] [--small | --full] [--out DIR] [--dists heavy,uniform16,uniform1024]
-                            [--stores padded,dynamic,vla] [--kernel-times [--flat-sweep fold4,fold8,walk8,...]]
-                            [--rounds N]
+                            [--stores padded,dynamic,vla] [--kernel-times] [--rounds N]
 
-Stores: the padded array, the dynamic SNode, VLAs at fixed parameters, the VLA tuned by VLA.tune (runs="bump")
-and tuned for runs="ordered" (runs in list order: less metadata, growth re-lays the pool out).
+Stores: the padded array, the dynamic SNode, the VLA as constructed by default (inline 4, chunks of 16) and at
+(8,16), the VLA tuned by VLA.tune (runs="bump") and tuned for runs="ordered" (runs in list order: less metadata,
+growth re-lays the pool out).
 
-Workloads (one thread per list, as the issue specifies):
+Workloads (one thread per list for fill and read):
   fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
-  read          each thread sums its own list (thread-per-array read-all): a get() loop, reduce(), and
-                reduce_warp() (on CUDA the warp reads its long lists together; the padded array gets the same)
-  flat read     VLA only: load-balanced flat iteration over every live element: threads striding over the slots
-                (v.flat_index/flat_value), and with --flat-sweep other forms (foldSEG: v.flat_reduce, SEG
-                neighbouring slots a thread, the fast one; walkSEG: v.flat_index_after)
+  read          each thread sums its own list (thread-per-array read-all): a get() loop, and reduce_warp() (on
+                CUDA the warp reads its long lists together; the padded array gets the same, and an unrolled
+                reduce() of its own, so that every ratio is against its best read)
+  flat read     VLA only: every live element, load-balanced: threads striding over the slots (flat_index /
+                flat_value), and flat_reduce with 8 neighbouring slots a thread ("fold8")
+  grow          a launch that makes some lists outgrow their runs: the commit's growth path
   reuse         one block per list, every thread reads the whole list (tier-3 shared staging vs global)
 Length distributions: heavy (most 0-8, a few up to 1024; like contact counts), uniform 0-16,
 uniform 0-1024. Every store's per-list sums are checked against numpy's, every run. --rounds N times every
@@ -73,9 +74,9 @@ class PaddedArrays:
 
     @ti.func
     def reduce(self, i, f: ti.template(), init):
-        # Unrolled like VLA.reduce (32, then 16 loads in flight), and the last group's 8 loads issued at once
-        # (inside the row, used only below n): the padded array's best form of this loop, so that no ratio
-        # against it flatters the VLA (H200: 0.111 -> 0.093 ms, now on a par with its get() loop).
+        # 32, then 16 loads in flight, and the last group's 8 loads issued at once (inside the row, used only below
+        # n): the padded array's best form of a thread-per-row fold, so that no ratio against it flatters the VLA
+        # (H200: 0.093 ms against 0.111 for the plain loop over 8-wide groups).
         n = self.length(i)
         acc = init
         for g in range(n >> 5):
@@ -233,7 +234,7 @@ def k_read_flat(v: ti.template(), partial: ti.template(), threads: ti.template()
     # its own sum: coalesced loads, one store per thread, no atomics. Four slots per iteration, each value
     # loaded unconditionally (every slot below flat_size() is readable) and masked by a select: four
     # independent load chains in flight per thread instead of one, which is what a latency-bound loop needs.
-    # (threads, unroll: compile-time; FLAT_THREADS x FLAT_UNROLL unless --flat-sweep asks for others)
+    # (threads, unroll: compile-time, FLAT_THREADS x FLAT_UNROLL)
     for g in range(threads):
         acc = ti.i64(0)
         e = g
@@ -252,27 +253,13 @@ def k_read_flat(v: ti.template(), partial: ti.template(), threads: ti.template()
         partial[g] = acc
 
 
-@ti.kernel
-def k_read_flat_walk(v: ti.template(), partial: ti.template(), seg: ti.template()):
-    # Each thread walks `seg` neighbouring slots through flat_index_after, the list found for one slot being where
-    # the next one's owner lookup starts (runs="ordered": a step forward instead of a search); loads are not
-    # coalesced across a warp (lanes seg slots apart) but each thread's run of slots shares its cache lines.
-    n = v.flat_size()
-    for g in range((n + seg - 1) // seg):
-        acc = ti.i64(0)
-        prev = -1
-        for j in ti.static(range(seg)):
-            e = g * seg + j
-            if e < n:
-                i, k, o = v.flat_index_after(e, prev)
-                prev = o
-                acc += ti.select(i >= 0, ti.cast(v.flat_value(e), ti.i64), ti.i64(0))
-        ti.atomic_add(partial[g & (FLAT_THREADS - 1)], acc)
-
-
 @ti.func
 def _add_element(acc, i, k, x):
     return acc + ti.cast(x, ti.i64)
+
+
+# Slots a thread folds in the flat_reduce read (4 or 8 are the good values: more slots hold more registers).
+FLAT_FOLD = 8
 
 
 @ti.kernel
@@ -282,35 +269,6 @@ def k_read_flat_fold(v: ti.template(), partial: ti.template(), seg: ti.template(
     n = v.flat_size()
     for g in range((n + seg - 1) // seg):
         ti.atomic_add(partial[g & (FLAT_THREADS - 1)], v.flat_reduce(g * seg, seg, _add_element, ti.i64(0)))
-
-
-def parse_flat_form(text):
-    """"TxU" -> ("stride", T, U): T threads striding over the slots, U unrolled (flat_index); "walkS" -> ("walk", S):
-    a thread walks S neighbouring slots through flat_index_after; "foldS" -> ("fold", S): through flat_reduce.
-    Raises ValueError."""
-    t = text.strip().lower()
-    for kind in ("walk", "fold"):
-        if t.startswith(kind):
-            seg = int(t[len(kind):])
-            if seg < 1:
-                raise ValueError(text)
-            return kind, seg
-    threads, unroll = (int(x) for x in t.split("x"))
-    if threads < 1 or unroll < 1:
-        raise ValueError(text)
-    return "stride", threads, unroll
-
-
-def _flat_name(form):
-    return f"{form[1]}x{form[2]}" if form[0] == "stride" else f"{form[0]}{form[1]}"
-
-
-def _flat_kernel(form, v, partial):
-    if form[0] == "walk":
-        return lambda: k_read_flat_walk(v, partial, form[1])
-    if form[0] == "fold":
-        return lambda: k_read_flat_fold(v, partial, form[1])
-    return lambda: k_read_flat(v, partial, form[1], form[2])
 
 
 @ti.kernel
@@ -369,18 +327,12 @@ DEFAULT_SIZES = {"heavy": 2_000_000, "uniform16": 1_250_000, "uniform1024": 20_0
 SMALL_SIZES = {"heavy": 40_000, "uniform16": 25_000, "uniform1024": 400}
 
 
-def _with_unroll(v, unroll):
-    v.reduce_unroll = unroll
-    return v
-
-
 STORE_KINDS = ("padded", "dynamic", "vla")
 
 
-def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=False, reduce_unrolls=(),
-                       kinds=STORE_KINDS, flat_sweep=(), rounds=1):
-    """Rows of every store on one length distribution. flat_sweep: flat-read forms as parse_flat_form gives them;
-    copy_bw(): (wall GB/s, device GB/s or None) of the copy kernel, measured once per round."""
+def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=False, kinds=STORE_KINDS, rounds=1):
+    """Rows of every store on one length distribution. copy_bw(): (wall GB/s, device GB/s or None) of the copy
+    kernel, measured once per round."""
     from vla import VLA
 
     lens_np, max_len = make_lengths(dist, n, rng)
@@ -403,12 +355,11 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
     tuned = VLA.tune(lens_np)
     # the same choice for the VLA whose runs are kept in list order (8 bytes a list, nothing per chunk)
     tuned_o = VLA.tune(lens_np, runs="ordered")
-    tuned_o16 = VLA.tune(lens_np, runs="ordered", hint_every=16)
     stores = [
         ("padded", lambda: PaddedArrays(n, max_len)),
         ("padded (head 8)", lambda: PaddedArrays(n, max_len, warp_head=8)),   # differs in reduce_warp() only
         ("dynamic", lambda: DynamicArrays(n, max_len, chunk_size=16)),
-        ("vla (4,16)", lambda: VLA(n, ti.i32, inline_capacity=4, chunk_size=16, name="bench")),
+        ("vla (4,16)", lambda: VLA(n, ti.i32, name="bench")),   # the constructor's defaults
         ("vla (8,16)", lambda: VLA(n, ti.i32, inline_capacity=8, chunk_size=16, name="bench")),
         (f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']})",
          lambda: VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"], chunk_size=tuned["chunk_size"],
@@ -416,16 +367,7 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
         (f"vla tuned ordered ({tuned_o['inline_capacity']},{tuned_o['chunk_size']})",
          lambda: VLA(n, ti.i32, inline_capacity=tuned_o["inline_capacity"], chunk_size=tuned_o["chunk_size"],
                      runs="ordered", name="bench")),
-        # the same with a denser search hint: a shorter chunk -> list search per flat slot, 4 bytes per 16 chunks
-        (f"vla tuned ordered ({tuned_o16['inline_capacity']},{tuned_o16['chunk_size']}) hint 16",
-         lambda: VLA(n, ti.i32, inline_capacity=tuned_o16["inline_capacity"], chunk_size=tuned_o16["chunk_size"],
-                     runs="ordered", hint_every=16, name="bench")),
     ]
-    for unroll in reduce_unrolls:
-        # the same tuned VLA with reduce() keeping `unroll` pool loads in flight (get() loop and fill unchanged)
-        stores.append((f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']}) reduce x{unroll}",
-                       lambda u=unroll: _with_unroll(VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"],
-                                                         chunk_size=tuned["chunk_size"], name="bench"), u)))
     stores = [(name, make) for name, make in stores if name.split(" ")[0] in kinds]
     built = []
     for name, make in stores:
@@ -447,7 +389,7 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
                 k_fill(s, lens)
                 s.commit()
         built.append((name, s, refill))
-    partial = ti.field(ti.i64, shape=max([FLAT_THREADS] + [c[1] for c in flat_sweep if c[0] == "stride"]))
+    partial = ti.field(ti.i64, shape=FLAT_THREADS)
 
     def time_store(name, s, refill):
         """One round of the timed operations of one store, each checked against the reference."""
@@ -463,21 +405,15 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
                     m[f"{op}_kms"] = kernel_ms(lambda: kern(s, out), repeats=repeats)
                 check(f"{name} {op}")
         if isinstance(s, VLA):
-            flat = lambda: k_read_flat(s, partial, FLAT_THREADS, FLAT_UNROLL)  # noqa: E731
-            partial.fill(0)   # (shared by the stores and rounds: a wider form of the sweep leaves sums above these)
-            m["flat_read_ms"] = time_ms(flat, repeats=repeats)
-            if kernel_times:
-                m["flat_read_kms"] = kernel_ms(flat, repeats=repeats)
-            if int(partial.to_numpy().sum()) != int(reference.sum()):
-                raise AssertionError(f"{dist}: {name} flat read sum differs")
-            # the flat read in other forms (the consumer's choice, not the VLA's): device time of each
-            for cfg in flat_sweep if kernel_times else ():
-                run = _flat_kernel(cfg, s, partial)
+            for op, flat in (("flat_read", lambda: k_read_flat(s, partial, FLAT_THREADS, FLAT_UNROLL)),
+                             ("flat_fold", lambda: k_read_flat_fold(s, partial, FLAT_FOLD))):
                 partial.fill(0)
-                run()
+                flat()
                 if int(partial.to_numpy().sum()) != int(reference.sum()):
-                    raise AssertionError(f"{dist}: {name} flat read ({_flat_name(cfg)}) sum differs")
-                m.setdefault("flat_sweep_kms", {})[_flat_name(cfg)] = kernel_ms(run, repeats=repeats)
+                    raise AssertionError(f"{dist}: {name} {op} sum differs")
+                m[f"{op}_ms"] = time_ms(flat, repeats=repeats)
+                if kernel_times:
+                    m[f"{op}_kms"] = kernel_ms(flat, repeats=repeats)
         return m
 
     # Rounds: every store's timed operations once per round, each round starting one store later (as bench sim
@@ -508,9 +444,8 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
             row["device_MB"] = st["device_bytes"] / 1e6
             row["device_over_live"] = st["device_bytes"] / live_bytes
             row["grow_events"] = st["grow_events"]
-            if " reduce x" not in name:
-                row["grow_ms"], row["grow_lists"] = grow_ms(s, refill, max(3, repeats // 4))
-            if reuse and dist != "uniform1024" and " reduce x" not in name:
+            row["grow_ms"], row["grow_lists"] = grow_ms(s, refill, max(3, repeats // 4))
+            if reuse and dist != "uniform1024":
                 rout = ti.field(ti.i32, shape=n * REUSE_BLOCK)
                 row["reuse_global_ms"] = time_ms(lambda s=s: k_reuse_global(s, rout), repeats=repeats)
                 ref_reuse = rout.to_numpy()
@@ -541,24 +476,15 @@ def _add_ratios(rows, live_bytes):
                 r[f"{op}_x_{b}"] = base[b][f"{op}_ms"] / r[f"{op}_ms"]
                 if f"{op}_kms" in r:
                     r[f"{op}_kx_{b}"] = base[b][f"{op}_kms"] / r[f"{op}_kms"]
-        if "flat_read_ms" in r:
-            r["flat_read_GBps"] = (live_bytes / 1e9) / (r["flat_read_ms"] / 1e3)
-            r["flat_read_pct_copy_bw"] = 100 * r["flat_read_GBps"] / r["copy_GBps"]
-            if "flat_read_kms" in r and r["copy_kGBps"]:
-                r["flat_read_kGBps"] = (live_bytes / 1e9) / (r["flat_read_kms"] / 1e3)
-                r["flat_read_kpct_copy_bw"] = 100 * r["flat_read_kGBps"] / r["copy_kGBps"]
-                # the flat read's best form: the default strided kernel or one of --flat-sweep's
-                forms = dict(r.get("flat_sweep_kms", {}), **{f"{FLAT_THREADS}x{FLAT_UNROLL}": r["flat_read_kms"]})
-                r["flat_sweep_kpct"] = {c: 100 * (live_bytes / 1e9) / (kms / 1e3) / r["copy_kGBps"]
-                                        for c, kms in forms.items()}
-                best = max(r["flat_sweep_kpct"].items(), key=lambda kv: kv[1])
-                r["flat_best_round"] = f"{best[1]:.0f} ({best[0]})"
+        for op in ("flat_read", "flat_fold"):
+            if f"{op}_ms" in r:
+                r[f"{op}_GBps"] = (live_bytes / 1e9) / (r[f"{op}_ms"] / 1e3)
+                r[f"{op}_pct_copy_bw"] = 100 * r[f"{op}_GBps"] / r["copy_GBps"]
+                if f"{op}_kms" in r and r["copy_kGBps"]:
+                    r[f"{op}_kGBps"] = (live_bytes / 1e9) / (r[f"{op}_kms"] / 1e3)
+                    r[f"{op}_kpct_copy_bw"] = 100 * r[f"{op}_kGBps"] / r["copy_kGBps"]
         if "padded" not in base:
             continue
-        if "reduce_ms" in r:
-            r["reduce_x_padded"] = base["padded"]["reduce_ms"] / r["reduce_ms"]
-            if "reduce_kms" in r:
-                r["reduce_kx_padded"] = base["padded"]["reduce_kms"] / r["reduce_kms"]
         if "reduce_warp_ms" in r:
             # against the padded array's own warp read, and against its best read of any form
             pads = [q for q in rows if q["store"].startswith("padded")]
@@ -566,16 +492,18 @@ def _add_ratios(rows, live_bytes):
             r["reduce_warp_x_padded"] = p["reduce_warp_ms"] / r["reduce_warp_ms"]
             r["reduce_warp_x_padded_best"] = (min(min(q["read_ms"], q["reduce_ms"], q["reduce_warp_ms"]) for q in pads)
                                               / r["reduce_warp_ms"])
+            r["read_x_padded_best"] = (min(min(q["read_ms"], q["reduce_ms"], q["reduce_warp_ms"]) for q in pads)
+                                       / r["read_ms"])
             if "reduce_warp_kms" in r:
+                best = min(min(q["read_kms"], q["reduce_kms"], q["reduce_warp_kms"]) for q in pads)
                 r["reduce_warp_kx_padded"] = p["reduce_warp_kms"] / r["reduce_warp_kms"]
-                r["reduce_warp_kx_padded_best"] = (min(min(q["read_kms"], q["reduce_kms"], q["reduce_warp_kms"])
-                                                       for q in pads) / r["reduce_warp_kms"])
+                r["reduce_warp_kx_padded_best"] = best / r["reduce_warp_kms"]
+                r["read_kx_padded_best"] = best / r["read_kms"]
 
 
 def _median_of_rounds(rounds):
     """One row from the rounds' rows of a store: the median of every number (of every entry of a dict of numbers)
-    over the rounds, the lower middle one for an even count; and the flat read's best form, the one of highest
-    median share of copy bandwidth."""
+    over the rounds, the lower middle one for an even count."""
     def med(xs):
         xs = sorted(x for x in xs if x is not None)
         return xs[(len(xs) - 1) // 2] if xs else None
@@ -589,8 +517,6 @@ def _median_of_rounds(rounds):
             out[key] = med(vals)
         elif key != "store":
             out[key] = vals[0]
-    if out.get("flat_sweep_kpct"):
-        out["flat_best_cfg"], out["flat_best_kpct_copy_bw"] = max(out["flat_sweep_kpct"].items(), key=lambda kv: kv[1])
     if len(rounds) > 1:
         out["rounds_n"] = len(rounds)
     return out
@@ -613,13 +539,14 @@ def copy_bandwidth(repeats, small, kernel_times=False):
 
 # (key, format, header) of the figures the round-by-round table lists: device times, or wall times without
 # --kernel-times
-ROUND_KEYS = [("fill_kx_padded", "{:.2f}", "fill x padded"), ("reduce_warp_kms", "{:.4f}", "reduce_warp ms"),
+ROUND_KEYS = [("fill_kx_padded", "{:.2f}", "fill x padded"), ("read_kx_padded_best", "{:.2f}", "get loop x padded's best"),
               ("reduce_warp_kx_padded_best", "{:.2f}", "reduce_warp x padded's best read"),
               ("flat_read_kpct_copy_bw", "{:.0f}", "flat (strided) % copy BW"),
-              ("flat_best_round", "{}", "flat's best form: % copy BW"), ("copy_kGBps", "{:.0f}", "copy GB/s")]
-ROUND_KEYS_WALL = [("fill_x_padded", "{:.2f}", "fill x padded"), ("reduce_warp_ms", "{:.3f}", "reduce_warp ms"),
+              ("flat_fold_kpct_copy_bw", "{:.0f}", "flat fold8 % copy BW"), ("copy_kGBps", "{:.0f}", "copy GB/s")]
+ROUND_KEYS_WALL = [("fill_x_padded", "{:.2f}", "fill x padded"), ("read_x_padded_best", "{:.2f}", "get loop x padded's best"),
                    ("reduce_warp_x_padded_best", "{:.2f}", "reduce_warp x padded's best read"),
-                   ("flat_read_pct_copy_bw", "{:.0f}", "flat (strided) % copy BW"), ("copy_GBps", "{:.0f}", "copy GB/s")]
+                   ("flat_read_pct_copy_bw", "{:.0f}", "flat (strided) % copy BW"),
+                   ("flat_fold_pct_copy_bw", "{:.0f}", "flat fold8 % copy BW"), ("copy_GBps", "{:.0f}", "copy GB/s")]
 
 
 COLUMNS = [
@@ -627,18 +554,18 @@ COLUMNS = [
     ("fill_ms", "clear+refill ms", "{:.3f}"), ("fill_kms", "clear+refill device ms", "{:.3f}"),
     ("fill_kx_padded", "fill x padded (device)", "{:.2f}"), ("fill_kx_dynamic", "fill x dynamic (device)", "{:.1f}"),
     ("read_ms", "read-all (get loop) ms", "{:.3f}"), ("read_kms", "read-all device ms", "{:.3f}"),
-    ("read_kx_padded", "read x padded (device)", "{:.2f}"), ("reduce_kx_padded", "reduce x padded (device)", "{:.2f}"),
+    ("read_kx_padded", "read x padded (device)", "{:.2f}"),
+    ("read_kx_padded_best", "get loop x padded's best read (device)", "{:.2f}"),
     ("flat_read_kGBps", "flat GB/s (device)", "{:.0f}"), ("flat_read_kpct_copy_bw", "flat % copy BW (device)", "{:.0f}"),
-    ("flat_best_cfg", "flat read's best form", "{}"),
-    ("flat_best_kpct_copy_bw", "flat sweep's best % copy BW (device)", "{:.0f}"),
-    ("reduce_kms", "reduce device ms", "{:.4f}"), ("reduce_warp_kms", "reduce_warp device ms", "{:.4f}"),
+    ("flat_fold_kGBps", "fold8 GB/s (device)", "{:.0f}"), ("flat_fold_kpct_copy_bw", "fold8 % copy BW (device)", "{:.0f}"),
+    ("reduce_warp_kms", "reduce_warp device ms", "{:.4f}"),
     ("reduce_warp_kx_padded", "reduce_warp x padded's reduce_warp (device)", "{:.2f}"),
     ("reduce_warp_kx_padded_best", "reduce_warp x padded's best read (device)", "{:.2f}"),
-    ("reduce_ms", "read-all (reduce) ms", "{:.3f}"), ("reduce_x_padded", "reduce x padded", "{:.2f}"),
     ("reduce_warp_ms", "reduce_warp ms", "{:.3f}"), ("reduce_warp_x_padded", "reduce_warp x padded's", "{:.2f}"),
     ("reduce_warp_x_padded_best", "reduce_warp x padded's best", "{:.2f}"),
     ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
     ("flat_read_pct_copy_bw", "flat % copy BW", "{:.0f}"),
+    ("flat_fold_ms", "fold8 ms", "{:.3f}"), ("flat_fold_pct_copy_bw", "fold8 % copy BW", "{:.0f}"),
     ("grow_lists", "lists grown", "{:,}"), ("grow_ms", "growth ms", "{:.2f}"),
     ("fill_x_padded", "fill x padded", "{:.2f}"), ("read_x_padded", "read x padded", "{:.2f}"),
     ("fill_x_dynamic", "fill x dynamic", "{:.1f}"), ("read_x_dynamic", "read x dynamic", "{:.1f}"),
@@ -662,13 +589,6 @@ def main(argv=None):
     p.add_argument("--dists", default="heavy,uniform16,uniform1024")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reduce-unrolls", default="",
-                   help="comma list: extra rows, the tuned VLA with reduce() keeping N pool loads in flight (e.g. 32,64)")
-    p.add_argument("--flat-sweep", default="",
-                   help="comma list of THREADSxUNROLL, walkSEG or foldSEG: the flat read also in these forms (device "
-                        "time, needs --kernel-times), e.g. 524288x4,walk8,fold8 (THREADSxUNROLL: threads striding over "
-                        "the slots through flat_index; walkSEG: each thread SEG neighbouring slots through "
-                        "flat_index_after; foldSEG: the same through flat_reduce)")
     p.add_argument("--rounds", type=int, default=1,
                    help="time every store this many times, taking turns (each round starts one store later), and "
                         "report the median of each figure and of each ratio over the rounds")
@@ -683,25 +603,12 @@ def main(argv=None):
     for d in dists:
         if d not in DEFAULT_SIZES:
             raise UserError(f"--dists: unknown distribution {d!r}; expected some of {', '.join(DEFAULT_SIZES)}")
-    try:
-        unrolls = [int(u) for u in args.reduce_unrolls.split(",") if u.strip()]
-    except ValueError:
-        raise UserError(f"--reduce-unrolls: expected a comma list of positive ints, got {args.reduce_unrolls!r}") from None
-    try:
-        flat_sweep = [parse_flat_form(c) for c in args.flat_sweep.split(",") if c.strip()]
-    except ValueError:
-        raise UserError(f"--flat-sweep: expected a comma list of THREADSxUNROLL, walkSEG or foldSEG (positive ints), "
-                        f"got {args.flat_sweep!r}") from None
     if args.rounds < 1:
         raise UserError(f"--rounds: expected a positive int, got {args.rounds}")
-    if flat_sweep and not args.kernel_times:
-        raise UserError("--flat-sweep: times device kernels only; add --kernel-times")
     kinds = [k for k in args.stores.split(",") if k]
     for k in kinds:
         if k not in STORE_KINDS:
             raise UserError(f"--stores: unknown store {k!r}; expected some of {', '.join(STORE_KINDS)}")
-    if any(u < 1 for u in unrolls):
-        raise UserError(f"--reduce-unrolls: expected positive ints, got {args.reduce_unrolls!r}")
     arch = init_taichi(args.arch, kernel_profiler=args.kernel_times)
     small = args.small or (arch == "cpu" and not args.full)
     sizes = SMALL_SIZES if small else DEFAULT_SIZES
@@ -710,8 +617,8 @@ def main(argv=None):
     copy_bw = copy_bandwidth(repeats, small, args.kernel_times)
     rows, tuned = [], {}
     for d in dists:
-        r, t = bench_distribution(d, sizes[d], rng, repeats, copy_bw, kernel_times=args.kernel_times,
-                                  reduce_unrolls=unrolls, kinds=kinds, flat_sweep=flat_sweep, rounds=args.rounds)
+        r, t = bench_distribution(d, sizes[d], rng, repeats, copy_bw, kernel_times=args.kernel_times, kinds=kinds,
+                                  rounds=args.rounds)
         rows += r
         tuned[d] = t
     bw, kbw = rows[0]["copy_GBps"], rows[0]["copy_kGBps"]

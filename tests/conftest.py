@@ -13,9 +13,10 @@ import pytest
 
 from app.frontend_cache import install
 
-# Taichi's front end with the app's caches, as the app runs it (app.headless.init_taichi): the same compiled
-# code, built about twice as fast (tests/test_frontend_cache.py checks that they change nothing).
-install()
+# Taichi's front end with app.frontend_cache's caches (off by default in the app): the same compiled code, built
+# about twice as fast, and the suite's time is mostly kernel compilation (tests/test_frontend_cache.py checks that
+# the caches change nothing).
+install(force=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -22,11 +22,10 @@ def taichi_runtime():
 
 @pytest.fixture()
 def cache(monkeypatch):
-    monkeypatch.delenv("SMOLVLA_FRONTEND_CACHE", raising=False)   # (these tests are of the caches)
-    if not frontend_cache.install():
+    if not frontend_cache.install(force=True):   # (these tests are of the caches)
         pytest.skip("app.frontend_cache does not patch this Taichi version")
     yield
-    frontend_cache.install()
+    frontend_cache.install(force=True)
 
 
 @ti.func
@@ -91,7 +90,7 @@ def test_every_position_message_and_source_is_taichis_own(cache):
     # (the cached function calls the original through its closure; count those calls too)
     frontend_cache.uninstall()
     atu.ASTTransformerContext.get_pos_info = counting_own
-    assert frontend_cache.install()
+    assert frontend_cache.install(force=True)
     cached_message = atu.ASTTransformerContext.get_pos_info
     cached_lines = kernel_impl.getsourcelines
     atu.ASTTransformerContext.get_pos_info = checked_message
@@ -134,15 +133,19 @@ def test_a_compile_error_reads_the_same_with_and_without_the_caches(cache):
     assert "test_frontend_cache.py" in with_caches
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    """SMOLVLA_FRONTEND_CACHE=0 leaves Taichi's own functions in place."""
-    monkeypatch.delenv("SMOLVLA_FRONTEND_CACHE", raising=False)
-    assert frontend_cache.install()
+def test_off_unless_asked_for(monkeypatch):
+    """Without SMOLVLA_FRONTEND_CACHE=1 (or force) install() leaves Taichi's own functions in place; with it, it
+    installs the caches."""
+    assert frontend_cache.install(force=True)
     own = frontend_cache._originals[(atu.ASTTransformerContext, "get_pos_info")]
     frontend_cache.uninstall()
-    monkeypatch.setenv("SMOLVLA_FRONTEND_CACHE", "0")
-    assert frontend_cache.install() is False
-    assert atu.ASTTransformerContext.get_pos_info is own
-    monkeypatch.delenv("SMOLVLA_FRONTEND_CACHE")
+    for value in (None, "0", "yes"):
+        if value is None:
+            monkeypatch.delenv("SMOLVLA_FRONTEND_CACHE", raising=False)
+        else:
+            monkeypatch.setenv("SMOLVLA_FRONTEND_CACHE", value)
+        assert frontend_cache.install() is False
+        assert atu.ASTTransformerContext.get_pos_info is own
+    monkeypatch.setenv("SMOLVLA_FRONTEND_CACHE", "1")
     assert frontend_cache.install() is True
     assert atu.ASTTransformerContext.get_pos_info is not own

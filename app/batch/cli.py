@@ -4,9 +4,9 @@
                   --frames N --out DIR [--workers K] [--arch auto|cpu|cuda] [--record] [--resume]
                   [--timeout S] [--ray [ADDRESS]]
 
-Every run is its own ``run.py SCENE --headless`` process (see app/batch_worker.py), so one Taichi runtime
+Every run is its own ``run.py SCENE --headless`` process (see app/batch/worker.py), so one Taichi runtime
 per run and a crash or a signal takes down one run, never the batch. Results: DIR/RUN_ID/ per run and
-DIR/summary.csv|json (layout in app/batch_store.py). Exit code 0 when every run is ok, 1 when some
+DIR/summary.csv|json (layout in app/batch/store.py). Exit code 0 when every run is ok, 1 when some
 failed, 2 for bad arguments (one line naming the argument), 130 when interrupted (--resume finishes).
 """
 from __future__ import annotations
@@ -24,10 +24,10 @@ from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-from app.batch_plan import RunSpec, expand_runs, load_sweep, parse_seeds, parse_set
-from app.batch_process import detect_gpus, run_processes, slot_envs
-from app.batch_store import BatchDir
-from app.batch_worker import cpu_threads_env, headless_argv
+from app.batch.plan import RunSpec, expand_runs, load_sweep, parse_seeds, parse_set
+from app.batch.process import detect_gpus, run_processes, slot_envs
+from app.batch.store import BatchDir
+from app.batch.worker import cpu_threads_env, headless_argv
 from app.errors import UserError
 
 ARCHS = ("auto", "cpu", "cuda")
@@ -186,7 +186,7 @@ def run_batch(runs: list[RunSpec], settings: dict, out: str, *, workers: int | N
                 reporter.finished(spec, row, info)
 
             if use_ray:
-                from app.batch_ray import run_ray
+                from app.batch.ray import run_ray
 
                 env_extra = cpu_threads_env({}, workers) if (workers and arch == "cpu") else {}
                 facts = run_ray(todo, argv_fn, store.new_tmp, on_result, ray_address or None, arch, record,

@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from app.batch_plan import RunSpec
-from app.batch_store import worker_info
-from app.batch_worker import cpu_threads_env, run_worker, stop_process
+from app.batch.plan import RunSpec
+from app.batch.store import worker_info
+from app.batch.worker import cpu_threads_env, run_worker, stop_process
 
 ArgvFn = Callable[..., list]  # (spec, out_dir) -> argv
 ResultFn = Callable[[RunSpec, Path, dict], None]  # (spec, tmp dir with the run's files, result)

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from app.batch_plan import RunSpec
-from app.batch_worker import RUN_PY, run_worker
+from app.batch.plan import RunSpec
+from app.batch.worker import RUN_PY, run_worker
 from app.errors import UserError
 
 
@@ -33,7 +33,7 @@ def import_ray():
 def _ray_task(spec: RunSpec, scene_text: bytes, argv_fn, record: bool, timeout: float | None, env_extra: dict) -> dict:
     """Body of one Ray task (runs on a Ray worker): the run in a private temporary directory, its files
     returned as bytes."""
-    from app.batch_store import worker_info
+    from app.batch.store import worker_info
 
     work = Path(tempfile.mkdtemp(prefix=f"smolvla-{spec.run_id}."))
     try:
@@ -44,7 +44,7 @@ def _ray_task(spec: RunSpec, scene_text: bytes, argv_fn, record: bool, timeout: 
             Path(scene_path).parent.mkdir()
             Path(scene_path).write_bytes(scene_text)
         out = work / "out"
-        from app.batch_process import NO_NVLS_ENV
+        from app.batch.process import NO_NVLS_ENV
 
         env = {**NO_NVLS_ENV, **os.environ, **env_extra}  # NVLink multicast off unless the user set it
         result = run_worker(argv_fn(spec, out, scene_path=scene_path), out, record, env=env, timeout=timeout)

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.batch_plan import RunSpec, scene_seed
+from app.batch.plan import RunSpec, scene_seed
 from app.errors import UserError
 
 RESULT_FILES = ("metrics.json", "state.npz")

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from app.batch_plan import RunSpec
-from app.batch_store import RECORD_FILE, RESULT_FILES
+from app.batch.plan import RunSpec
+from app.batch.store import RECORD_FILE, RESULT_FILES
 
-RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
+RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 LOG_TAIL_CHARS = 20_000
 
 

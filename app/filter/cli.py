@@ -1,7 +1,7 @@
 """``python run.py filter IMAGE (--radius-map MAP | --radius R) --out OUT [options]``
 
 A spatially varying blur: every pixel is filtered with the kernel of its own radius, taken from a VLA of
-weight lists (one list per radius, see app/filter_engine.py). Radius maps drive for example a
+weight lists (one list per radius, see app/filter/engine.py). Radius maps drive for example a
 depth-of-field blur (``--kernel disk``) or a variable Gaussian blur (``--kernel gaussian``).
 
 Images are read and written through imageio: grayscale, RGB or RGBA; 8-bit, 16-bit or float. Filtering
@@ -39,7 +39,7 @@ def init_taichi(arch: str = "cpu") -> None:
         return
     from app.frontend_cache import install
 
-    install()   # (as the simulator's runs: app.headless.init_taichi)
+    install()   # (only with SMOLVLA_FRONTEND_CACHE=1: app.frontend_cache)
     ti.init(arch=want, offline_cache=True)
     if ti.lang.impl.current_cfg().arch != want:
         raise UserError(f"--arch {arch}: Taichi could not start on {arch} (no device?); use --arch cpu")
@@ -136,8 +136,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.filter_engine import METHODS
-    from app.filter_ref import KERNEL_SHAPES
+    from app.filter.engine import METHODS
+    from app.filter.reference import KERNEL_SHAPES
 
     p = _Parser(prog="run.py filter", description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("image", help="input image (png, jpg, tiff, ... or .npy)")
@@ -181,12 +181,12 @@ def main(argv=None) -> int:
     out_dtype = in_dtype if args.out_dtype == "same" else np.dtype(args.out_dtype)
 
     if args.method == "scipy":
-        from app.filter_ref import scipy_filter
+        from app.filter.reference import scipy_filter
 
         result = scipy_filter(image, radius_map, args.kernel)
     else:
         init_taichi(args.arch)
-        from app.filter_engine import FilterEngine
+        from app.filter.engine import FilterEngine
 
         engine = FilterEngine(height, width, channels, max_r, args.kernel)
         try:

@@ -1,6 +1,6 @@
 """FilterEngine: owns the device arrays of one image size and launches the filter kernels.
 
-Methods (the same output, see app/filter_kernels.py):
+Methods (the same output, see app/filter/kernels.py):
     "vla"         one kernel, weight lists in a VLA (array r = weights of radius r), read per tap
     "vla-flat"    the same after a staging pass that copies all weight lists into one flat buffer
     "vla-shared"  CUDA: the same, each 32x8 tile's block stages the weight lists and its image tile
@@ -10,15 +10,15 @@ Methods (the same output, see app/filter_kernels.py):
     "padded"      baseline (b): one kernel, zero-padded table of the maximum radius
     "scipy"       baseline (c): scipy.ndimage on the CPU (host arrays, no Taichi)
 
-Taichi must be initialised before an engine is made (app.filter.init_taichi).
+Taichi must be initialised before an engine is made (app.filter.cli.init_taichi).
 """
 from __future__ import annotations
 
 import numpy as np
 import taichi as ti
 
-from app import filter_kernels as fk
-from app.filter_ref import scipy_filter, weight_lists
+from app.filter import kernels as fk
+from app.filter.reference import scipy_filter, weight_lists
 
 #: radii up to this get a compile-time path inside the staged VLA kernels (more costs compile time)
 DEFAULT_SPECIALISE = 16

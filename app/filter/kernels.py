@@ -1,6 +1,6 @@
 """Taichi kernels of the variable-radius filter: the VLA version and the Taichi baselines.
 
-All kernels compute the same sum (see app/filter_ref.py): float32 weights, float32 accumulation, taps in
+All kernels compute the same sum (see app/filter/reference.py): float32 weights, float32 accumulation, taps in
 the same order (dy outer, dx inner, row-major weight lists), coordinates clamped to the image. They differ
 only in where the weights live and how the loop over radii is organised:
 
@@ -330,7 +330,7 @@ def kernel_filter_flat(
     """The filter pass of vla-flat: weights from the staged flat buffer (see kernel_stage_weights).
     Radii <= SPEC (compile-time, -1 for none) take a path specialised for their radius inside this one
     kernel (constant trip counts, as in baseline (a)); larger radii the generic runtime loop. Weight
-    list rr is square, (2rr+1)^2 long, as app.filter_ref.weight_lists makes them."""
+    list rr is square, (2rr+1)^2 long, as app.filter.reference.weight_lists makes them."""
     height, width = radius_map.shape[0], radius_map.shape[1]
     for y, x in ti.ndrange(height, width):
         r = radius_map[y, x]

@@ -6,7 +6,7 @@ two bodies that can touch have centres in the same or adjacent cells: a pair's t
 the 27 cells around either of them, and kernel_candidate_pairs visits half of those (14 buckets) per
 body so that each pair is found once. Cost O(n) per step; there is no O(n^2) pass.
 
-Large bodies (app.model.grid_radius: bounding radius above 4x the median, at most 64 of them) do not size the
+Large bodies (app.sim.model.grid_radius: bounding radius above 4x the median, at most 64 of them) do not size the
 cells: the largest radius above is that of the other bodies (model.grid_large_radius). Each step lists them
 (grid.large_ids), the cell search skips every pair that involves one, and a pass of its own tests every body
 against every large body: O(n) per large body instead of cells as wide as the largest body.
@@ -28,7 +28,7 @@ Simulation.scene_of).
 
 import taichi as ti
 
-from app.model import MAX_LARGE_BODIES
+from app.sim.model import MAX_LARGE_BODIES
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
@@ -109,7 +109,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     iterations and run them one after the other. Lists are indexed by order position t (not body i) so
     that the narrowphase walks them in Z-order, and by pair class (grid.pair_list) so that it can run one
     loop per class (each compiled for its class's geometry, classes 1-2 packed densely first; see
-    app.narrowphase.kernel_narrowphase): a warp then runs one collide_* function, never paying for a
+    app.sim.narrowphase.kernel_narrowphase): a warp then runs one collide_* function, never paying for a
     box-box lane among sphere pairs.
 
     Pairs with a large body (radius > model.grid_large_radius) come from the last loop instead: every order
@@ -204,7 +204,7 @@ class Grid:
         # ~40 neighbours a body, and reads each one's sphere in one 16-byte load instead of two fields
         self.body_sphere = ti.Vector.field(4, ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
-        # the large bodies of this step (kernel_grid_insert; app.model.grid_radius), stored indices
+        # the large bodies of this step (kernel_grid_insert; app.sim.model.grid_radius), stored indices
         self.large_ids = ti.field(ti.i32, MAX_LARGE_BODIES)
         self.large_count = ti.field(ti.i32, ())
         self.scan_scratch = ti.field(ti.i32, scan_scratch_size(self.table_size))
@@ -214,7 +214,7 @@ class Grid:
         self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
                          name="candidate_pairs")
         # The narrowphase packs the pairs of the classes in COMPACT_CLASSES densely, class by class in
-        # Z-order (see app.narrowphase.kernel_narrowphase): compact_start is the exclusive prefix sum of the
+        # Z-order (see app.sim.narrowphase.kernel_narrowphase): compact_start is the exclusive prefix sum of the
         # readable pairs of their lists (contiguous: classes 1 and 2, each pair_stride lists; lists of order
         # positions >= body_count are empty), so list pair_list(COMPACT_CLASSES[k], t) starts at entry
         # compact_start[k * pair_stride + t] of compact_pairs (an ndarray of (t, j), sized on the host).

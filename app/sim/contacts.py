@@ -28,8 +28,9 @@ never recompiles anything.
 import numpy as np
 import taichi as ti
 
-from app.math3d import decode_normal
-from vla import Batch
+from app.errors import UserError
+from app.sim.math3d import decode_normal
+from vla import VLA, Batch
 
 NO_FAILURE = Batch.NO_FAILURE
 
@@ -38,8 +39,8 @@ vec2 = ti.types.vector(2, ti.f32)
 
 # One contact as seen from the body that owns the list.
 #   point: vec3 m, world contact point (shared by both bodies' copies of a pair contact)
-#   normal_code: i32, app.math3d.encode_normal of the pair's normal as it pushes the pair's first body (the
-#       lower body id, app.model.Model.body_id; the body, for a plane contact): the same code in both copies.
+#   normal_code: i32, app.sim.math3d.encode_normal of the pair's normal as it pushes the pair's first body (the
+#       lower body id, app.sim.model.Model.body_id; the body, for a plane contact): the same code in both copies.
 #       record_normal(rec) gives the unit normal that pushes the list's owner (away from `other`); the second
 #       body's copy's is the exact negative of the first's
 #   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
@@ -48,7 +49,7 @@ vec2 = ti.types.vector(2, ti.f32)
 #       the warm-start key together with other
 #   impulse_n: f32 N s, accumulated normal impulse
 #   impulse_t: vec2 N s, accumulated friction impulse as coordinates along the tangents (t1, t2) that
-#       app.math3d.contact_tangents(normal) gives (2 floats instead of a vec3)
+#       app.sim.math3d.contact_tangents(normal) gives (2 floats instead of a vec3)
 #   impulse_p: f32 N s, accumulated split (position) impulse; bias: f32 m/s, target normal velocity
 # 48 bytes. Member order matters to the vla storage, which packs a record into six 64-bit words in this order
 # (VLA layout "words"): (point.x, .y) (point.z, depth) (normal_code, bias) (other, feature)
@@ -61,7 +62,7 @@ CONTACT_RECORD_BYTES = 4 * (3 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 1)
 
 # Set in `feature` of the second body's copy of a pair contact. Which copy a record is, not which of the two
 # stored indices is lower, orients its normal: stored indices change when the bodies are re-sorted
-# (app.reorder), and a record read in the solver needs no body id loaded to know its sign.
+# (app.sim.reorder), and a record read in the solver needs no body id loaded to know its sign.
 SECOND_COPY = 1 << 30
 
 
@@ -121,7 +122,7 @@ class _CountedLists:
         self.count = ti.field(ti.i32, self.num_arrays)
         self.overflow_count = ti.field(ti.i32, ())   # appends dropped by the fills a solver step consumed (cumulative)
         # appends dropped by the latest fill (kernel_narrowphase resets it as it starts, so a fill run again, see
-        # app.sim.Simulation.step, is not counted twice; kernel_prepare moves it into overflow_count)
+        # app.sim.simulation.Simulation.advance, is not counted twice; kernel_prepare moves it into overflow_count)
         self.dropped_now = ti.field(ti.i32, ())
         self.limit = ti.field(ti.i32, ())            # runtime maximum <= max_length (lower it without reallocating)
         self.limit[None] = self.max_length
@@ -171,7 +172,7 @@ class _CountedLists:
 
     @ti.func
     def dropped_total(self):
-        """overflowed() inside a kernel (app.integrator.kernel_frame_readout)."""
+        """overflowed() inside a kernel (app.sim.diagnostics.kernel_frame_readout)."""
         return self.overflow_count[None] + self.dropped_now[None]
 
 
@@ -260,25 +261,12 @@ def _check_sparse_pool(num_arrays, max_length, chunk_size, element_bytes):
     than the device-side assert that its exhaustion gives, thousands of steps later."""
     from taichi.lang import impl
 
-    from app.errors import UserError
-
     cfg = impl.current_cfg()
     if cfg.arch != ti.cuda or cfg.device_memory_fraction > 0:  # CPU: host memory; a fraction: the user sized it
         return
     problem = sparse_pool_problem(num_arrays, max_length, chunk_size, element_bytes, cfg.device_memory_GB)
     if problem:
         raise UserError(problem)
-
-
-def taichi_pool_gb(scene, capacity: int = 0) -> float | None:
-    """device_memory_GB for ti.init to run `scene` (app.scene.Scene) on CUDA: dynamic_pool_gb of its contact
-    lists when it uses ``contacts: dynamic``, else None (Taichi's default). capacity: the body capacity the
-    Simulation will be given, if more than the scene's (the viewer keeps headroom for dropped bodies)."""
-    if scene.sim["contacts"] != "dynamic":
-        return None
-    from app.sim import body_capacity_for
-
-    return dynamic_pool_gb(2 * body_capacity_for(scene, capacity), scene.sim["padded_capacity"])
 
 
 @ti.kernel
@@ -292,23 +280,17 @@ def make_lists(kind: str, num_arrays: int, dtype, max_length: int, pool_per_list
     """Build a list storage by name; an unknown name raises ValueError listing the valid ones.
     pool_per_list: VLA only, pool elements pre-allocated per list on average (beyond the inline ones)."""
     if kind == "vla":
-        from vla import VLA
-        # Most bodies have a handful of contacts: keep 5 inline (a sphere on a floor, a box face on the floor)
-        # and the rest in 4-element chunks, given out as lists need them (a landed pile has ~10 per body;
-        # with 4 inline 60-byte records, chunks of 8 together with the old one-chunk growth minimum reserved
-        # 17.5 MB instead of 9.0 for the same 3.9 MB of contacts in a 5000-body pile). A list that outgrows
-        # its chunks is moved to a larger run at the end of the pool, a cost in proportion to the lists that
-        # grew (the pool is re-laid out only when full), so no list is given chunks up front. The pool starts
-        # with room for `pool_per_list` elements per list on average (unassigned), so a pile that forms does
-        # not re-lay the pool out over and over while it grows from nothing (measured: 20 re-layouts in the
-        # first 250 steps of pile_1m from a 1-chunk pool).
-        # Whole records contiguous, as 64-bit words ("words"): the narrowphase appends, and the solver reads,
-        # a record at a time, in 6 loads instead of 12. Why 5 inline: with 64-byte records neighbouring
-        # threads' lists 4 x 64 = 256 bytes apart were slower than 5 x 64 = 320 (H200, landed pile_1m, Jacobi
-        # iteration 0.885 vs 0.828 ms, session 9; a power-of-two stride between threads is the slow case).
-        # With the 56-byte record (session 10) 4 and 5 inline run alike (0.754 / 0.749 ms) and 5 holds less:
-        # with 4, more lists spill into the pool's chunks (contact memory 2,147 vs 2,120 MiB). With the 48-byte
-        # record (session 12) 6 and 8 inline were not faster (bench sim 13.05 / 12.82 ms against 12.33-12.64).
+        # Most bodies have a handful of contacts: keep 5 inline (a sphere on a floor, a box face on the floor) and
+        # the rest in 4-element chunks, given out as lists need them (a landed pile has ~10 per body). A list that
+        # outgrows its chunks is moved to a larger run at the end of the pool, a cost in proportion to the lists
+        # that grew (the pool is re-laid out only when full), so no list is given chunks up front. The pool starts
+        # with room for `pool_per_list` elements per list on average (unassigned), so a pile that forms does not
+        # re-lay the pool out over and over while it grows from nothing (20 re-layouts in the first 250 steps of
+        # pile_1m from a 1-chunk pool). ContactRecord is stored as 64-bit words (its members are 32-bit): the
+        # narrowphase appends, and the solver reads, a record at a time, in 6 loads instead of 12. Why 5 inline:
+        # neighbouring threads' lists 4 x 64 = 256 bytes apart were slower than 5 x 64 = 320 with 64-byte records
+        # (a power-of-two stride between threads is the slow case); with the 48-byte record 6 and 8 inline were
+        # not faster on the H200's pile_1m, and 4 spills more lists into the pool.
         return VLA(num_arrays, dtype, inline_capacity=5, chunk_size=4,
                    reserve=int(num_arrays * pool_per_list), name=name)
     if kind == "padded":
@@ -336,13 +318,11 @@ class ContactSet:
 
     lists: the storage (vla.VLA | PaddedLists | DynamicLists) of 2 * body_capacity ContactRecord lists.
     generation: 0 or 1, the generation being built this step; `base` / `prev_base` are its list offsets.
-    contact_total: 0-d i32, contact points found in the last step (a pair contact counts once).
-    max_depth: 0-d f32 m, deepest penetration seen since the last reset_frame_stats().
     failed_step: 0-d i32, the first step whose VLA commits failed on the device and that the host has not yet
-        redone (vla.Batch.failed_at of the Simulation's batch), or vla.NO_FAILURE. The narrowphase and the
+        redone (vla.Batch.failed_at of the Simulation's batch), or Batch.NO_FAILURE. The narrowphase and the
         solver kernels do nothing while it is set (`skipping`), so that the steps launched after a failed one,
         before the host reads it, leave the state and last step's contacts as the redo needs them
-        (app.sim.Simulation.advance).
+        (app.sim.simulation.Simulation.advance).
     """
 
     def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, pool_per_body: float = 1.0):
@@ -351,8 +331,6 @@ class ContactSet:
         self.lists = make_lists(kind, 2 * self.body_capacity, ContactRecord, max_per_body,
                                 pool_per_list=pool_per_body, name="contacts")
         self.generation = 0
-        self.contact_total = ti.field(ti.i32, ())
-        self.max_depth = ti.field(ti.f32, ())
         self.failed_step = ti.field(ti.i32, ())
         self.failed_step[None] = NO_FAILURE
 
@@ -386,8 +364,6 @@ class ContactSet:
 
     def reset(self):
         kernel_clear_lists(self.lists, 0, 2 * self.body_capacity)
-        self.contact_total[None] = 0
-        self.max_depth[None] = 0.0
         self.failed_step[None] = NO_FAILURE
 
     def lengths(self, body_count: int) -> np.ndarray:

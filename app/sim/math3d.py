@@ -81,7 +81,7 @@ def tangent_vector(c, t1, t2):
 # A unit normal in one 32-bit word: octahedral coordinates (Cigolle et al., "A Survey of Efficient
 # Representations for Independent Unit Vectors", JCGT 2014) as two 16-bit signed integers (x in the low
 # half). Worst angular error 6.4e-5 rad (2M random normals); the six axis directions come back exactly. A
-# contact record stores its normal so (app.contacts), 8 bytes less than a vec3: the Jacobi iterations stream
+# contact record stores its normal so (app.sim.contacts), 8 bytes less than a vec3: the Jacobi iterations stream
 # every record from memory each pass (H200, landed pile_1m: 56 -> 48-byte records, one iteration 0.747 ->
 # 0.716 ms with the vla storage, 0.99 -> 0.92 ms with padded, which loads each member on its own).
 NORMAL_CODE_SCALE = 32767.0

@@ -1,11 +1,15 @@
-"""Model: the static (non-time-varying) definition of a simulation, on the device.
+"""Model: the static definition of a simulation, built on the host by a ModelBuilder and written to the device.
 
-Everything a step reads but does not change lives here: per-body shape, size, mass and inertia,
-materials, static planes, and the runtime parameters (gravity, thresholds). Parameters are 0-d fields
-rather than Python constants so that the viewer can change them live without recompiling a kernel.
+Everything a step reads but does not change lives in the Model: per-body shape, size, mass and inertia, materials,
+static planes, and the parameters (gravity, thresholds). Parameters are 0-d fields rather than Python constants
+so that the viewer can change them live without recompiling a kernel.
 
-Capacities (bodies, materials, planes) are fixed when the Model is built; `Model.load` refills a model
-whose capacity suffices, so a new scene of the same size reuses every compiled kernel.
+The ModelBuilder holds the definition in scene order (numpy) and is the only writer of a Model: it writes the
+whole definition when a scene is loaded, the bodies again when bodies are added at run time or when the
+Simulation stores them in another order (app.sim.reorder), and a parameter or a material when the user changes
+one. No kernel writes the Model. Capacities (bodies, materials, planes) are fixed when the Model is allocated;
+a builder whose definition fits writes into it again, so a new scene of the same size reuses every compiled
+kernel.
 """
 from __future__ import annotations
 
@@ -19,14 +23,14 @@ vec4 = ti.types.vector(4, ti.f32)
 
 # Container walls generate contacts only for bodies at most this many (largest) bounding radii behind the wall
 # plane, and each body only while its centre is less than half its own bounding radius behind it
-# (app.narrowphase.plane_accepts): a body that left the container over the top is not dragged back through the
+# (app.sim.narrowphase.plane_accepts): a body that left the container over the top is not dragged back through the
 # wall.
 WALL_THICKNESS_RADII = 4.0
 NO_CLIP = 3.0e38
 
 # Large bodies: those whose bounding radius exceeds LARGE_RADIUS_FACTOR x the median, at most MAX_LARGE_BODIES of
 # the largest. The grid's cells are sized for the other bodies, and each large body meets every body in a pass of
-# its own (app.broadphase): one big box among small spheres would otherwise widen every cell to its size, putting
+# its own (app.sim.broadphase): one big box among small spheres would otherwise widen every cell to its size, putting
 # (factor)^3 times the bodies in each cell (a 4x radius: 64x the neighbours tested). The pass costs a test per
 # body and large body, so at most 64 of them: more large bodies than that widen the cells instead.
 LARGE_RADIUS_FACTOR = 4.0
@@ -86,16 +90,9 @@ def body_mass_properties(bodies, materials):
     return mass, inv_mass, inv_inertia
 
 
-# Per-body fields of the Model (device) and keys of its host mirror, in stored order: what a re-sort of the
-# bodies permutes (app.reorder).
-BODY_FIELDS = ("body_shape", "body_radius", "body_half_extents", "body_mass", "body_inv_mass", "body_inv_inertia",
-               "body_material", "body_id")
-HOST_BODY_KEYS = ("shape", "radius", "half_extents", "mass", "inv_mass", "inv_inertia", "material", "fixed", "id")
-
-
 @ti.data_oriented
 class Model:
-    """Static description of the bodies, materials and planes.
+    """The bodies, materials, planes and parameters on the device; written by ModelBuilder.write only.
 
     Per-body fields, shape (body_capacity,), valid for indices < body_count[None]:
         body_shape: i32, 0 sphere, 1 box.
@@ -117,7 +114,7 @@ class Model:
     Runtime parameters, 0-d fields: body_count, material_count, plane_count, gravity m/s^2,
         restitution_threshold m/s, slop m, contact_margin m, position_correction (split-impulse beta),
         warm_start (fraction), max_speed m/s, grid_cell_size m, grid_large_radius m (bodies of a larger
-        bounding radius are large: app.broadphase finds their pairs apart from the grid).
+        bounding radius are large: app.sim.broadphase finds their pairs apart from the grid).
     """
 
     def __init__(self, body_capacity: int, material_capacity: int = 64, plane_capacity: int = 32):
@@ -156,115 +153,163 @@ class Model:
         self.max_speed = ti.field(ti.f32, ())
         self.grid_cell_size = ti.field(ti.f32, ())
         self.grid_large_radius = ti.field(ti.f32, ())
-        self.large_body_factor = LARGE_RADIUS_FACTOR   # host: sim.large_body_factor, read by set_bodies
-        # host mirrors (numpy) of what was loaded, for accessors and growth
-        self.host = {}
-        self.host_body_count = 0
+        self.host_body_count = 0   # body_count[None] on the host (reading the field would sync the device)
 
-    def fits(self, scene: Scene, extra_bodies: int = 0) -> bool:
-        return (scene.body_count + extra_bodies <= self.body_capacity and len(scene.materials) <= self.material_capacity
-                and len(plane_rows(scene.statics, 1.0)) <= self.plane_capacity)
 
-    def load(self, scene: Scene, bodies=None, ids=None):
-        """Fill every field from a validated scene (capacity must suffice: see fits). bodies: the scene's
-        body rows in the order to store them (default scene.bodies; the Simulation passes them in Z-order),
-        ids: their scene indices (default 0, 1, ...); the planes' reach is computed from all of the scene's
-        bodies either way."""
+# Runtime parameters: the sim keys a Model holds in 0-d fields of the same name.
+PARAM_KEYS = ("gravity", "restitution_threshold", "slop", "contact_margin", "position_correction", "warm_start",
+              "max_speed")
+
+
+class ModelBuilder:
+    """A simulation's definition on the host, in scene order, and the one writer of Models.
+
+    bodies: dict of numpy rows in scene order (bodies added at run time after them): shape (N,) int32, radius (N,)
+        m (bounding radius), half_extents (N,3) m, mass (N,) kg, inv_mass (N,) 1/kg, inv_inertia (N,3)
+        1/(kg m^2) (body frame), material (N,) int32, fixed (N,) bool.
+    materials: list of dicts {name, density, friction, restitution} (index = material id).
+    statics: the scene's static geometry as validated; plane_rows: its half-space rows (plane_rows()).
+    params: the runtime parameters (PARAM_KEYS), resolved from the scene's sim mapping.
+    large_body_factor: sim.large_body_factor (app.sim.broadphase's large bodies; 0: none).
+    """
+
+    def __init__(self, scene: Scene):
         sim = scene.resolved_sim()
-        self.set_params(sim)  # first: the grid cell size below depends on the contact margin
-        self.set_materials(scene.materials)
-        self.set_bodies(scene.bodies if bodies is None else bodies, scene.materials, start=0, ids=ids)
-        rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
-        if len(rows) > self.plane_capacity:
-            raise ValueError(f"{len(rows)} static planes exceed the model's plane capacity {self.plane_capacity}")
-        self.host["statics"] = list(scene.statics)
-        self.host["plane_rows"] = rows
-        pn = np.zeros((self.plane_capacity, 3), np.float32)
-        po = np.zeros(self.plane_capacity, np.float32)
-        pm = np.zeros(self.plane_capacity, np.int32)
-        cn = np.zeros((self.plane_capacity, 3), np.float32)
-        co = np.zeros(self.plane_capacity, np.float32)
-        th = np.zeros(self.plane_capacity, np.float32)
-        for k, (n, off, mat, cnorm, coff, thick) in enumerate(rows):
-            pn[k], po[k], pm[k], cn[k], co[k], th[k] = n, off, mat, cnorm, coff, thick
-        self.plane_normal.from_numpy(pn)
-        self.plane_offset.from_numpy(po)
-        self.plane_material.from_numpy(pm)
-        self.plane_clip_normal.from_numpy(cn)
-        self.plane_clip_offset.from_numpy(co)
-        self.plane_thickness.from_numpy(th)
-        self.plane_count[None] = len(rows)
-
-    def set_params(self, sim: dict):
-        """Runtime parameters from a (resolved) sim mapping; no recompilation."""
-        self.gravity[None] = sim["gravity"]
+        self.params = {key: sim[key] for key in PARAM_KEYS}
+        self.params["gravity"] = [float(x) for x in sim["gravity"]]
         self.large_body_factor = float(sim.get("large_body_factor", LARGE_RADIUS_FACTOR))
-        self.restitution_threshold[None] = sim["restitution_threshold"]
-        if sim.get("slop") is not None:
-            self.slop[None] = sim["slop"]
-        if sim.get("contact_margin") is not None:
-            self.contact_margin[None] = sim["contact_margin"]
-        self.position_correction[None] = sim["position_correction"]
-        self.warm_start[None] = sim["warm_start"]
-        self.max_speed[None] = sim["max_speed"]
+        self.materials = [dict(m) for m in scene.materials]
+        self.statics = [dict(x) for x in scene.statics]
+        # the walls' reach is sized from the scene's own bodies (bodies added later do not move the walls)
+        self.plane_rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
+        self.bodies = {}
+        self.add_bodies(scene.bodies)
 
-    def set_materials(self, materials):
-        if len(materials) > self.material_capacity:
-            raise ValueError(f"{len(materials)} materials exceed the model's capacity {self.material_capacity}")
-        m = self.material_capacity
+    @property
+    def body_count(self) -> int:
+        return int(self.bodies["shape"].shape[0])
+
+    def add_bodies(self, bodies):
+        """Append body rows (a validated Scene's bodies: shape, radius, half_extents, material, fixed; positions and
+        velocities belong to the State) after the others, with their mass properties."""
+        mass, inv_mass, inv_inertia = body_mass_properties(bodies, self.materials)
+        new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
+               "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
+               "fixed": bodies["fixed"]}
+        for key, arr in new.items():
+            arr = np.asarray(arr)
+            self.bodies[key] = arr.copy() if key not in self.bodies else np.concatenate([self.bodies[key], arr], 0)
+
+    def grid_radius(self) -> float:
+        """The bounding radius (m) the broadphase's cells are sized for (grid_radius)."""
+        return grid_radius(self.bodies["radius"], self.large_body_factor)
+
+    def large_body_count(self) -> int:
+        """Bodies whose bounding radius exceeds grid_radius(): the broadphase pairs them apart from the grid."""
+        return int((self.bodies["radius"].astype(np.float32) > np.float32(self.grid_radius())).sum())
+
+    def fits(self, model: Model) -> bool:
+        return (self.body_count <= model.body_capacity and len(self.materials) <= model.material_capacity
+                and len(self.plane_rows) <= model.plane_capacity)
+
+    def finalize(self, body_capacity: int | None = None, order=None) -> Model:
+        """A new Model of body_capacity (default: the body count) holding this definition (see write)."""
+        model = Model(max(int(body_capacity or 0), self.body_count))
+        self.write(model, order)
+        return model
+
+    def write(self, model: Model, order=None):
+        """Write the whole definition into `model` (it must fit): parameters, materials, planes and bodies, the
+        bodies stored in `order` (see write_bodies)."""
+        if not self.fits(model):
+            raise ValueError(f"ModelBuilder.write: {self.body_count} bodies, {len(self.materials)} materials and "
+                             f"{len(self.plane_rows)} planes do not fit a Model of capacity {model.body_capacity}, "
+                             f"{model.material_capacity}, {model.plane_capacity}")
+        self.write_params(model)
+        self.write_materials(model)
+        self._write_planes(model)
+        self.write_bodies(model, order)
+
+    def write_params(self, model: Model):
+        """The runtime parameters (no recompilation)."""
+        for key in PARAM_KEYS:
+            getattr(model, key)[None] = self.params[key]
+
+    def set_param(self, model: Model, key: str, value):
+        """Change runtime parameter `key` (PARAM_KEYS) here and in `model`."""
+        self.params[key] = value
+        getattr(model, key)[None] = value
+
+    def write_materials(self, model: Model):
+        m = model.material_capacity
         fr = np.zeros(m, np.float32)
         re = np.zeros(m, np.float32)
         de = np.zeros(m, np.float32)
-        for k, mat in enumerate(materials):
+        for k, mat in enumerate(self.materials):
             fr[k], re[k], de[k] = mat["friction"], mat["restitution"], mat["density"]
-        self.material_friction.from_numpy(fr)
-        self.material_restitution.from_numpy(re)
-        self.material_density.from_numpy(de)
-        self.material_count[None] = len(materials)
-        self.host["materials"] = [dict(x) for x in materials]
+        model.material_friction.from_numpy(fr)
+        model.material_restitution.from_numpy(re)
+        model.material_density.from_numpy(de)
+        model.material_count[None] = len(self.materials)
 
-    def set_bodies(self, bodies, materials, start: int, ids=None):
-        """Write bodies [start, start+len) (numpy rows as in Scene.bodies; ids: their persistent ids, default
-        start, start+1, ...) and update body_count and the grid cell size (2 x the largest bounding radius of the
-        bodies that are not large, so that such bodies that overlap are in adjacent cells; see grid_radius). The
-        host mirror `host` holds the rows in stored order."""
-        k = int(bodies["shape"].shape[0])
-        if start + k > self.body_capacity:
-            raise ValueError(f"{start + k} bodies exceed the model's capacity {self.body_capacity}")
-        ids = np.arange(start, start + k) if ids is None else np.asarray(ids)
-        if ids.shape != (k,):
-            raise ValueError(f"set_bodies: {ids.shape[0] if ids.ndim else 0} ids for {k} bodies")
-        mass, inv_mass, inv_inertia = body_mass_properties(bodies, materials)
-        h = self.host
-        new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
-               "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
-               "fixed": bodies["fixed"], "id": ids}
-        for key, arr in new.items():
-            if start == 0 or key not in h:
-                h[key] = np.asarray(arr).copy()
-            else:
-                h[key] = np.concatenate([h[key][:start], np.asarray(arr)], axis=0)
-        n_total = start + k
-        cap = self.body_capacity
+    def set_material(self, model: Model, index: int, friction=None, restitution=None):
+        """Change material `index`'s friction / restitution here and in `model` (takes effect next step)."""
+        if friction is not None:
+            self.materials[index]["friction"] = float(friction)
+            model.material_friction[index] = float(friction)
+        if restitution is not None:
+            self.materials[index]["restitution"] = float(restitution)
+            model.material_restitution[index] = float(restitution)
 
-        def pad(a, dtype):
+    def _write_planes(self, model: Model):
+        p = model.plane_capacity
+        pn = np.zeros((p, 3), np.float32)
+        po = np.zeros(p, np.float32)
+        pm = np.zeros(p, np.int32)
+        cn = np.zeros((p, 3), np.float32)
+        co = np.zeros(p, np.float32)
+        th = np.zeros(p, np.float32)
+        for k, (n, off, mat, cnorm, coff, thick) in enumerate(self.plane_rows):
+            pn[k], po[k], pm[k], cn[k], co[k], th[k] = n, off, mat, cnorm, coff, thick
+        model.plane_normal.from_numpy(pn)
+        model.plane_offset.from_numpy(po)
+        model.plane_material.from_numpy(pm)
+        model.plane_clip_normal.from_numpy(cn)
+        model.plane_clip_offset.from_numpy(co)
+        model.plane_thickness.from_numpy(th)
+        model.plane_count[None] = len(self.plane_rows)
+
+    def write_bodies(self, model: Model, order=None):
+        """Write every body into `model`, body order[k] (a scene index) at stored index k (default: scene order),
+        with its id (body_id = its scene index), and the body count and grid sizes that follow from the bodies:
+        the cell size is 2 x the largest bounding radius of the bodies that are not large (grid_radius), so that
+        such bodies that overlap are in adjacent cells."""
+        n = self.body_count
+        if n > model.body_capacity:
+            raise ValueError(f"{n} bodies exceed the model's capacity {model.body_capacity}")
+        order = np.arange(n) if order is None else np.asarray(order, np.int64)
+        if order.shape != (n,):
+            raise ValueError(f"ModelBuilder.write_bodies: an order of {order.shape} for {n} bodies")
+        b = self.bodies
+        cap = model.body_capacity
+
+        def stored(a, dtype):
             out = np.zeros((cap,) + a.shape[1:], dtype)
-            out[: a.shape[0]] = a
+            out[:n] = a[order]
             return out
 
-        self.body_shape.from_numpy(pad(h["shape"], np.int32))
-        self.body_radius.from_numpy(pad(h["radius"], np.float32))
-        self.body_half_extents.from_numpy(pad(h["half_extents"], np.float32))
-        self.body_mass.from_numpy(pad(h["mass"], np.float32))
-        self.body_inv_mass.from_numpy(pad(h["inv_mass"], np.float32))
-        self.body_inv_inertia.from_numpy(pad(h["inv_inertia"], np.float32))
-        self.body_material.from_numpy(pad(h["material"], np.int32))
-        self.body_id.from_numpy(pad(h["id"], np.int32))
-        self.body_count[None] = n_total
-        self.host_body_count = n_total  # host copy: reading body_count[None] would sync the device
-        r_grid = grid_radius(h["radius"][:n_total], self.large_body_factor)
-        self.grid_cell_size[None] = float(2.0 * r_grid * 1.02 + 2 * self.contact_margin[None] + 1e-6)
-        self.grid_large_radius[None] = r_grid
-        self.host["large_bodies"] = int((h["radius"][:n_total].astype(np.float32) > np.float32(r_grid)).sum())
-        smallest = float(np.where(h["shape"] == SHAPE_SPHERE, h["radius"], h["half_extents"].min(axis=1)).min())
-        self.host["smallest_extent"] = smallest
+        model.body_shape.from_numpy(stored(b["shape"], np.int32))
+        model.body_radius.from_numpy(stored(b["radius"], np.float32))
+        model.body_half_extents.from_numpy(stored(b["half_extents"], np.float32))
+        model.body_mass.from_numpy(stored(b["mass"], np.float32))
+        model.body_inv_mass.from_numpy(stored(b["inv_mass"], np.float32))
+        model.body_inv_inertia.from_numpy(stored(b["inv_inertia"], np.float32))
+        model.body_material.from_numpy(stored(b["material"], np.int32))
+        model.body_id.from_numpy(stored(np.arange(n), np.int32))
+        model.body_count[None] = n
+        model.host_body_count = n
+        r_grid = self.grid_radius()
+        # (the contact margin as the f32 field holds it)
+        margin = float(np.float32(self.params["contact_margin"]))
+        model.grid_cell_size[None] = float(2.0 * r_grid * 1.02 + 2 * margin + 1e-6)
+        model.grid_large_radius[None] = r_grid

@@ -1,6 +1,6 @@
 """Narrowphase: exact contact geometry for every candidate pair, appended to both bodies' lists.
 
-The broadphase's candidate-pair pass (app.broadphase.kernel_candidate_pairs) lists, per body i, the
+The broadphase's candidate-pair pass (app.sim.broadphase.kernel_candidate_pairs) lists, per body i, the
 planes within reach and the bodies j whose bounding spheres come within the margin, each pair in one of
 the two bodies' lists (so each pair is tested once). Here one thread per candidate pair computes the
 manifold and appends each contact point to list i *and* list j, with mirrored normals, inside the kernel.
@@ -12,7 +12,7 @@ Contacts closer than the contact margin are kept with a negative depth (speculat
 solver lets such a pair approach by exactly the gap, so resting contacts do not flicker in and out
 and warm starting keeps its history.
 
-The contact storage is generic (see app/contacts.py): the kernel is compiled against whatever object
+The contact storage is generic (see app/sim/contacts.py): the kernel is compiled against whatever object
 is passed as `lists`.
 """
 
@@ -21,18 +21,18 @@ import taichi as ti
 from vla import launch
 from vla.scan import exclusive_scan
 
-from app.atomics import atomic_max_rare
-from app.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
-from app.contacts import SECOND_COPY, ContactRecord, copy_normal
-from app.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
+from app.sim.diagnostics import atomic_max_rare
+from app.sim.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
+from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal
+from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
-from app.model import NO_CLIP
+from app.sim.model import NO_CLIP
 
 vec3 = ti.types.vector(3, ti.f32)
 
 # Feature ids (warm-start keys, together with the other body). Plane contacts: the corner index.
 # Box-box: 16 * axis code + clipped-vertex index (axis code 0-2 faces of the pair's first body, the lower
-# body id, 3-5 faces of the other, 6-14 edge pairs); the second body's copy adds app.contacts.SECOND_COPY.
+# body id, 3-5 faces of the other, 6-14 edge pairs); the second body's copy adds app.sim.contacts.SECOND_COPY.
 FEATURE_STRIDE = 16
 # Prefer a face axis over an edge axis unless the edge separates clearly more: relative and absolute
 # tolerances (fractions of the separation / of the smallest half extent). Without the bias, nearly
@@ -460,7 +460,7 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 @ti.func
 def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls: ti.template()):
     """Manifold of body i with body j (or plane -1 - j when j < 0), a pair of the static class cls (0:
-    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box; see app.broadphase)."""
+    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box; see app.sim.broadphase)."""
     pi_ = state.body_pos[i]
     m = manifold_empty()
     if ti.static(cls == 0):
@@ -502,24 +502,24 @@ def _ordered_pair(model: ti.template(), grid: ti.template(), t, j):
 
 @ti.func
 def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                   base, prev_base, dt, contacts: ti.template(), margin, t, j, cls: ti.template()):
+                   base, prev_base, dt, diagnostics: ti.template(), margin, t, j, cls: ti.template()):
     """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
     plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
     i, jj = _ordered_pair(model, grid, t, j)
     m = _pair_manifold(model, state, i, jj, margin, cls)
-    _emit_contacts(model, state, lists, base, prev_base, dt, contacts, i, jj, m)
+    _emit_contacts(model, state, lists, base, prev_base, dt, diagnostics, i, jj, m)
 
 
 @ti.func
 def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
-                   contacts: ti.template(), i, j, m):
+                   diagnostics: ti.template(), i, j, m):
     """Append manifold m of pair (i, j) (i the lower body id, see _ordered_pair; or j = -1 - plane) to both
     bodies' lists (lists[base + body]): both copies store the normal that pushes i (the manifold's normal
     points from i to j; a plane's pushes the body), j's copy with SECOND_COPY in its feature. Kept out of the
     per-class code so that the kernel inlines it once per loop (compile time)."""
     if m.count > 0:
-        # What prepare did per copy until session 10, done here once per pair: both copies get the same
-        # restitution target (bias) and warm-start impulses (mirrored), from one key search.
+        # Once per pair, not per copy: both copies get the same restitution target (bias) and warm-start impulses
+        # (mirrored), from one key search.
         g = model.gravity[None]
         warm = model.warm_start[None]
         threshold = model.restitution_threshold[None]
@@ -582,7 +582,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 lists.append(base + j, _record(point, code, depth, i, m.feature[q] | SECOND_COPY, bias,
                                                ti.select(inv_j > 0.0, jn, 0.0),
                                                ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
-            atomic_max_rare(contacts.max_depth, depth)
+            atomic_max_rare(diagnostics.max_depth, depth)
 
 
 @ti.func
@@ -602,7 +602,7 @@ def _readable_compact_pairs(grid: ti.template(), j):
 
 @ti.kernel
 def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                       base: ti.i32, prev_base: ti.i32, dt: ti.f32, contacts: ti.template(),
+                       base: ti.i32, prev_base: ti.i32, dt: ti.f32, contacts: ti.template(), diagnostics: ti.template(),
                        compact: ti.types.ndarray(dtype=ti.math.ivec2, ndim=1)):
     """Empty lists[base + body] for every body, then compute the contacts of every candidate pair in
     grid.pairs (kernel_candidate_pairs) and append them to lists[base + body] (both bodies for pairs).
@@ -618,7 +618,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     (find_contacts), so every pair is in its list's own storage.
     Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: the
     restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
-    start). Outputs: lists[base + body] (contact storage), contacts.max_depth (atomic max). compact: scratch of
+    start). Outputs: lists[base + body] (contact storage), diagnostics.max_depth (atomic max). compact: scratch of
     grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the
     kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on. Does nothing while
     contacts.skipping() (an earlier step failed and waits for its redo: its lists must stay as they are)."""
@@ -631,17 +631,20 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         lists.clear(base + i)
     margin = model.contact_margin[None]
     stride = grid.pair_stride
-    # class 0: the flat slots of its lists
-    inline_begin = grid.pairs.flat_inline_begin(grid.pair_list(0, 0))
-    inline_slots = grid.pairs.flat_inline_begin(n)
-    pool_begin = grid.pairs.flat_pool_begin()
-    for e in range(ti.select(run, inline_slots + grid.pairs.flat_pool_size(), 0)):
+    # class 0: the flat slots of its lists (vla.iteration: list i's inline slots are i * inline_capacity ..., so
+    # those of lists pair_list(0, 0) .. + n - 1 are one range; then the pool's slots, every list's)
+    ic = ti.static(grid.pairs.inline_capacity)
+    inline_begin = grid.pair_list(0, 0) * ic
+    inline_slots = n * ic
+    pool_begin = grid.pairs.num_arrays * ic
+    for e in range(ti.select(run, inline_slots + grid.pairs.flat_size() - pool_begin, 0)):
         s = inline_begin + e
         if e >= inline_slots:
             s = pool_begin + e - inline_slots
         lst, _ = grid.pairs.flat_index(s)
         if lst >= 0 and lst < stride:
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, lst, grid.pairs.flat_value(s), 0)
+            _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, margin, lst,
+                           grid.pairs.flat_value(s), 0)
     # the other classes: pack (one prefix sum over their lists, class after class, so each class's pairs
     # come out as one run of `compact`), then one dense loop per class
     K = ti.static(len(COMPACT_CLASSES))
@@ -656,17 +659,17 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         lo = grid.compact_start[k * stride]
         for e in range(ti.select(run, grid.compact_start[(k + 1) * stride] - lo, 0)):
             tj = compact[lo + e]
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, contacts, margin, tj[0], tj[1], COMPACT_CLASSES[k])
+            _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, margin, tj[0], tj[1],
+                           COMPACT_CLASSES[k])
 
 
-def find_contacts(model, state, grid, contacts, dt: float, batch=None):
+def find_contacts(model, state, grid, contacts, diagnostics, dt: float, batch=None):
     """Candidate pairs, then their contacts into contacts.lists[contacts.base + body] (grid.build first).
 
     Two launches, each committing its VLA: the pairs (kernel_candidate_pairs), then the contacts
-    (kernel_narrowphase), so the narrowphase reads every pair from its list's storage. (Until session 19 both
-    ran inside one launch, and the narrowphase also walked the pairs still pending in the overflow area: a
-    second copy of every class's manifold code, a third of its compile time, for a loop that was almost always
-    empty.) Inside `batch` (a vla.Batch) the caller checks the batch (done(), or first_failure() several steps
+    (kernel_narrowphase), so the narrowphase reads every pair from its list's storage (in one launch it would also
+    have to walk the pairs still pending in the overflow area: a second copy of every class's manifold code, for
+    a loop that is almost always empty). Inside `batch` (a vla.Batch) the caller checks the batch (done(), or first_failure() several steps
     later: app.sim.Simulation.advance) and runs find_contacts again without one if it failed: a pairs overflow
     the device could not commit leaves pairs out of the narrowphase, and that re-run redoes both. Both kernels empty their lists before filling them, so a re-run after a VLA grew
     needs no roll back. Padded and dynamic contact storages are not VLAs: no commit for them."""
@@ -675,4 +678,4 @@ def find_contacts(model, state, grid, contacts, dt: float, batch=None):
     # sized after the pairs' commit, which may have grown their pool
     compact = grid.ensure_compact_pairs(model.host_body_count)
     run(kernel_narrowphase, model, state, grid, contacts.lists, contacts.base, contacts.prev_base, dt, contacts,
-        compact, vlas=[contacts.lists] if contacts.kind == "vla" else [], rollback=False)
+        diagnostics, compact, vlas=[contacts.lists] if contacts.kind == "vla" else [], rollback=False)

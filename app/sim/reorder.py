@@ -1,50 +1,75 @@
-"""Re-sorting the bodies in memory by where they are now, keeping every contact and the motion bit for bit.
+"""Storing the bodies in memory by where they are, keeping every contact and the motion bit for bit.
 
-Why: the kernels read a body's data from every thread that touches one of its contacts, and process bodies
-in grid order (app.broadphase.Grid.body_order), so that the threads of a warp work on neighbours. That pays
-only while neighbours are also near in memory. The Simulation stores bodies in Z-order of their initial
-positions; a pile poured from a height ends far from that order (H200, pile_1m after 1055 steps: with the
-bodies stored again in Z-order of their landed positions, a Jacobi iteration cost 12% less per contact,
-session 13; with this re-sort every 500 steps, 0.713 -> 0.630 ms, session 14: docs/benchmarks.md).
+Why: the kernels read a body's data from every thread that touches one of its contacts, and process bodies in grid
+order (app.sim.broadphase.Grid.body_order), so that the threads of a warp work on neighbours. That pays only while
+neighbours are also near in memory. The Simulation stores bodies by shape, then in Z-order of their initial
+positions (storage_order); a pile poured from a height ends far from that order, so every `resort_interval` steps
+it stores them again in the order of where they are (H200, pile_1m: a Jacobi iteration 12% cheaper per contact once
+the landed bodies are stored in Z-order again; 0.713 -> 0.630 ms with a re-sort every 500 steps).
+
+By shape first: the solver's thread i takes body i (app.sim.solver), and a warp lasts as long as its longest contact
+list. A box in a pile has more contacts than a sphere (up to four per face contact), so warps of one shape waste
+fewer lanes (H200, landed pile_1m: 11.6-11.8 -> 10.9-11.0 ms a step).
 
 What a re-sort moves: body k of the new order is body order[k] of the old, where order is grid.body_order (the
-bodies sorted by grid bucket, which follows space in Z-order) split by shape, spheres first, each part keeping
-its order (kernel_order_by_shape): the solver's warps then take bodies of one shape, whose lists have similar
-lengths (app.sim.storage_order says why). Every per-body field of the Model and the
-State is gathered into that order, and so are both generations of contact lists, with `other` renumbered in
-the current one (the other is emptied first: the next step rebuilds it). The next step warm-starts from the
-current generation as from any step's. A VLA storage permutes its lists in place (vla.VLA.permute): each
-list's chunks go with it, so the capacity each body's lists have grown to stays theirs and a re-sort
-allocates nothing (copying the records into the other generation instead left each body with the capacity
-of another: pile_1m's contact memory grew from 1,824 to 2,139 MiB over two re-sorts). The padded and dynamic
-storages copy the records into the other generation instead and make it current.
+bodies sorted by grid bucket, which follows space in Z-order) split by shape, spheres first, each part keeping its
+order (kernel_order_by_shape). The State's per-body fields are gathered into that order on the device, and so are
+both generations of contact lists, with `other` renumbered in the current one (the other is emptied first: the
+next step rebuilds it); the Model's bodies are written again in the new order by its builder
+(app.sim.model.ModelBuilder.write_bodies), from the order read back to the host. A VLA storage permutes its lists in
+place (vla.VLA.permute): each list's chunks go with it, so the capacity each body's lists have grown to stays
+theirs and a re-sort allocates nothing. The padded and dynamic storages copy the records into the other generation
+instead and make it current.
 
-Nothing else holds a body index across steps: the grid and the solver's buffers are rebuilt every step, and
-the pair conventions follow app.model.Model.body_id, which moves with its body. So a re-sort changes no bit
-of the motion (tests/test_sim.py).
+Nothing else holds a body index across steps: the grid and the solver's buffers are rebuilt every step, and the
+pair conventions follow app.sim.model.Model.body_id, which moves with its body. So a re-sort changes no bit of the
+motion (tests/sim).
 """
 
+import numpy as np
 import taichi as ti
 
-from app.contacts import kernel_clear_lists
-from app.integrator import NO_ERROR
-from app.model import BODY_FIELDS as MODEL_BODY_FIELDS
-from app.state import BODY_FIELDS as STATE_BODY_FIELDS
+from app.sim.contacts import kernel_clear_lists
+from app.sim.diagnostics import NO_ERROR
+from app.sim.state import BODY_FIELDS as STATE_BODY_FIELDS
 from vla.scan import exclusive_scan, scan_scratch_size
 
 
-# Store bodies by shape, then by place (here and in app.sim.storage_order). A switch for measuring it: with
-# the solver's threads taking bodies in stored order, the split made landed pile_1m 0.7 ms a step faster on the
-# H200 (docs/results/h200/shape_split_s15.txt).
-SPLIT_BY_SHAPE = True
+def spatial_order(position: np.ndarray) -> np.ndarray:
+    """Permutation that sorts bodies along a Z-order (Morton) curve of their positions (10 bits per axis over
+    the bounding box), stable: order[k] is the body that goes to slot k.
+
+    Why: a body's data (pose, velocity, mass) is read by every thread that touches one of its contacts, and
+    the threads of a warp work on neighbouring bodies (grid.body_order). With bodies stored in scene order
+    (random, for a generated pile) those neighbours sit in as many cache lines as there are bodies; in
+    Z-order they share lines, and the kernels' own-body reads become contiguous."""
+    p = np.asarray(position, np.float64).reshape(-1, 3)
+    if p.shape[0] < 2:
+        return np.arange(p.shape[0], dtype=np.int64)
+    lo = p.min(axis=0)
+    span = np.maximum(p.max(axis=0) - lo, 1e-12)
+    q = np.clip(((p - lo) / span * 1023.0).astype(np.int64), 0, 1023)
+    key = np.zeros(p.shape[0], np.int64)
+    for b in range(10):
+        for a in range(3):
+            key |= ((q[:, a] >> b) & 1) << (3 * b + a)
+    return np.argsort(key, kind="stable")
+
+
+def storage_order(position: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """The order a Simulation stores bodies in at load: by shape (spheres, then boxes), each shape in Z-order of the
+    positions (spatial_order over all bodies, so both runs follow the same curve); stable."""
+    z = spatial_order(position)
+    shape = np.asarray(shape).reshape(-1)
+    return z[np.argsort(shape[z], kind="stable")]
 
 
 @ti.data_oriented
 class Reorder:
     """Scratch for a re-sort of up to `capacity` bodies: the new order, the inverse permutation, the shape
     split's prefix sum and one gather buffer per element kind (i32, f32, vec4 f32), 40 bytes a body. Each
-    per-body field is gathered into its kind's buffer and copied back, one field after the other, so the fields
-    keep their identity (a viewer binds them)."""
+    per-body field of the State is gathered into its kind's buffer and copied back, one field after the other, so
+    the fields keep their identity (a viewer binds them)."""
 
     def __init__(self, capacity: int):
         n = max(1, int(capacity))
@@ -106,20 +131,18 @@ def _permute_field(f: ti.template(), reorder: ti.template(), order: ti.template(
 
 
 @ti.kernel
-def kernel_permute_bodies(model: ti.template(), state: ti.template(), health: ti.template(),
-                          reorder: ti.template(), order: ti.template()):
-    """Store body order[k] at index k (k < model.body_count) in every per-body field of model and state, fill
-    reorder.inverse, and renumber health.error_body. order: i32 field, a permutation of 0..body_count-1.
+def kernel_permute_state(model: ti.template(), state: ti.template(), diagnostics: ti.template(),
+                         reorder: ti.template(), order: ti.template()):
+    """Store body order[k] at index k (k < model.body_count) in every per-body field of the state, fill
+    reorder.inverse, and renumber diagnostics.error_body. order: i32 field, a permutation of 0..body_count-1.
     The top-level loops run one after the other (a field is gathered completely before it is copied back)."""
     n = model.body_count[None]
     for k in range(n):
         reorder.inverse[order[k]] = k
-    for name in ti.static(MODEL_BODY_FIELDS):
-        _permute_field(ti.static(getattr(model, name)), reorder, order, n)
     for name in ti.static(STATE_BODY_FIELDS):
         _permute_field(ti.static(getattr(state, name)), reorder, order, n)
-    if health.error_body[None] != NO_ERROR:
-        health.error_body[None] = reorder.inverse[health.error_body[None]]
+    if diagnostics.error_body[None] != NO_ERROR:
+        diagnostics.error_body[None] = reorder.inverse[diagnostics.error_body[None]]
 
 
 @ti.kernel
@@ -150,16 +173,15 @@ def kernel_renumber_others(lists: ti.template(), base: ti.i32, n: ti.i32, reorde
                 lists.set_member(li, q, "other", reorder.inverse[o])
 
 
-def resort_bodies(model, state, contacts, health, reorder, grid_order, body_count: int):
-    """Re-sort the first body_count bodies by shape, then in grid_order (see the module docstring): model,
-    state, health's error body, and both generations of contact lists. The caller updates its host bookkeeping
-    (app.sim.Simulation.resort)."""
+def resort_bodies(model, state, contacts, diagnostics, reorder, grid_order, body_count: int) -> np.ndarray:
+    """Re-sort the first body_count bodies by shape, then in grid_order (see the module docstring): state,
+    diagnostics' error body, and both generations of contact lists, on the device. Returns the new order as old
+    stored indices (int64 (body_count,): the body stored at k was stored at order[k]), one read of the device, for
+    the caller to write the Model's bodies in it (Simulation.resort)."""
     n = int(body_count)
-    order = grid_order
-    if SPLIT_BY_SHAPE:
-        kernel_order_by_shape(model, grid_order, reorder)
-        order = reorder.order
-    kernel_permute_bodies(model, state, health, reorder, order)
+    kernel_order_by_shape(model, grid_order, reorder)
+    order = reorder.order
+    kernel_permute_state(model, state, diagnostics, reorder, order)
     lists = contacts.lists
     if contacts.kind == "vla":
         # The previous generation's records hold old indices and the next step rebuilds them: emptied first,
@@ -170,3 +192,4 @@ def resort_bodies(model, state, contacts, health, reorder, grid_order, body_coun
     else:
         kernel_permute_lists(lists, contacts.base, contacts.prev_base, n, reorder, order)
         contacts.flip()
+    return order.to_numpy()[:n].astype(np.int64)

@@ -5,34 +5,34 @@
     sim.advance(n)                             # n steps, their VLA commits checked every few steps
     sim.positions(), sim.orientations()        # numpy, bodies in scene order
 
-A step is: flip contact generations -> grid broadphase (VLA cell lists) -> narrowphase (appends to both
-bodies' contact lists; a step whose VLAs could not hold its appends is redone after they grow, so no contact
-is lost: see advance) -> solver
-(prepare + Jacobi/mass-splitting iterations + integrate, in place on `state`). Every `resort_interval`
-steps a large scene's bodies are stored again in the order of where they are (app.reorder), which keeps
-neighbours near in memory and changes nothing in the motion.
+It owns the objects of a simulation, each of its own kind: the Model (static definition, written by its
+ModelBuilder), the State (what changes every step), the ContactSet (per-body contact lists, two generations),
+the Grid (broadphase), the JacobiSolver (`step(state_in, state_out, contacts, dt)`) and the Diagnostics (what
+the steps report). A step is: flip contact generations -> grid broadphase (VLA cell lists) -> narrowphase
+(appends to both bodies' contact lists; a step whose VLAs could not hold its appends is redone after they grow,
+so no contact is lost: see advance) -> solver (prepare + Jacobi/mass-splitting iterations + integrate, in place
+on `state`). Every `resort_interval` steps a large scene's bodies are stored again in the order of where they are
+(app.sim.reorder), which keeps neighbours near in memory and changes nothing in the motion.
 
-Everything the viewer changes live is runtime data: gravity and thresholds are Model fields, dt and
-solver iterations are plain attributes passed to kernels as scalars, materials are fields.
+Everything the viewer changes live is runtime data: gravity and materials go through the builder into the
+Model's fields, dt and solver iterations are plain attributes passed to kernels as scalars.
 """
 from __future__ import annotations
 
 import sys
 
 import numpy as np
-import taichi as ti
 
-from app.broadphase import Grid
-from app.contacts import ContactSet
 from app.errors import UserError
-from app.integrator import NO_ERROR, READOUT_FIELDS, Health, kernel_frame_readout, kernel_kinetic_energy
-from app.model import HOST_BODY_KEYS, Model
-from app.narrowphase import find_contacts
-from app import reorder as _reorder
-from app.reorder import Reorder, resort_bodies
-from app.scene import SIM_DEFAULTS, Scene
-from app.solver import JacobiSolver
-from app.state import State
+from app.scene import SIM_DEFAULTS, Scene, validate
+from app.sim.broadphase import Grid
+from app.sim.contacts import ContactSet, dynamic_pool_gb
+from app.sim.diagnostics import NO_ERROR, READOUT_FIELDS, Diagnostics, kernel_frame_readout, kernel_kinetic_energy
+from app.sim.model import Model, ModelBuilder
+from app.sim.narrowphase import find_contacts
+from app.sim.reorder import Reorder, resort_bodies, storage_order
+from app.sim.solver import JacobiSolver
+from app.sim.state import State
 from vla import Batch
 
 NO_FAILURE = Batch.NO_FAILURE
@@ -48,8 +48,8 @@ class SimulationCapacityError(SimulationError):
     """Taichi cannot hold another allocation of the simulation's fields in this process (see _check_tree_room)."""
 
 
-# Taichi 1.7's CPU/CUDA backends address at most 512 SNode trees and do not check (vla.core.SNODE_TREE_LIMIT).
-# An allocation makes about 28 (the model's, state's and solver's fields, and the VLAs; counted on bounce.yaml), and
+# Taichi 1.7's CPU/CUDA backends address at most 512 SNode trees and do not check (vla.taichi_compat). An
+# allocation makes about 28 (the model's, state's and solver's fields, and the VLAs; counted on bounce.yaml), and
 # the fields of an earlier one cannot be freed (they sit on Taichi's root), so a process that keeps allocating
 # (capacity growths, new Simulations) is refused before the limit instead of crashing in a later kernel.
 TREES_PER_ALLOCATION = 40
@@ -68,42 +68,6 @@ def _check_tree_room():
             f"(Simulation.load), add bodies in fewer, larger steps, or run each simulation in a process of its own")
 
 
-def spatial_order(position: np.ndarray) -> np.ndarray:
-    """Permutation that sorts bodies along a Z-order (Morton) curve of their positions (10 bits per axis over
-    the bounding box), stable: order[k] is the body that goes to slot k.
-
-    Why: a body's data (pose, velocity, mass) is read by every thread that touches one of its contacts, and
-    the threads of a warp work on neighbouring bodies (grid.body_order). With bodies stored in scene order
-    (random, for a generated pile) those neighbours sit in as many cache lines as there are bodies; in
-    Z-order they share lines, and the kernels' own-body reads become contiguous."""
-    p = np.asarray(position, np.float64).reshape(-1, 3)
-    if p.shape[0] < 2:
-        return np.arange(p.shape[0], dtype=np.int64)
-    lo = p.min(axis=0)
-    span = np.maximum(p.max(axis=0) - lo, 1e-12)
-    q = np.clip(((p - lo) / span * 1023.0).astype(np.int64), 0, 1023)
-    key = np.zeros(p.shape[0], np.int64)
-    for b in range(10):
-        for a in range(3):
-            key |= ((q[:, a] >> b) & 1) << (3 * b + a)
-    return np.argsort(key, kind="stable")
-
-
-def storage_order(position: np.ndarray, shape: np.ndarray) -> np.ndarray:
-    """The order a Simulation stores bodies in: by shape (spheres, then boxes), each shape in Z-order of the
-    positions (spatial_order over all bodies, so both runs follow the same curve); stable.
-
-    Why by shape: the solver's thread i takes body i (app.solver), and a warp lasts as long as its longest
-    contact list. A box in a pile has more contacts than a sphere (up to four per face contact), so warps of one
-    shape waste fewer lanes (H200, landed pile_1m, with app.reorder's re-sorts by shape too: 11.6-11.8 -> 10.9-11.0
-    ms a step, docs/benchmarks.md, session 15). app.reorder.SPLIT_BY_SHAPE = False keeps Z-order only."""
-    z = spatial_order(position)
-    if not _reorder.SPLIT_BY_SHAPE:
-        return z
-    shape = np.asarray(shape).reshape(-1)
-    return z[np.argsort(shape[z], kind="stable")]
-
-
 def _round_capacity(n: int) -> int:
     cap = 16
     while cap < n:
@@ -117,17 +81,28 @@ def body_capacity_for(scene: Scene, capacity: int = 0) -> int:
     return max(int(capacity or 0), _round_capacity(scene.body_count))
 
 
+def taichi_pool_gb(scene: Scene, capacity: int = 0) -> float | None:
+    """device_memory_GB for ti.init to run `scene` on CUDA: dynamic_pool_gb of its contact lists when it uses
+    ``contacts: dynamic``, else None (Taichi's default). capacity: the body capacity the Simulation will be given,
+    if more than the scene's (the viewer keeps headroom for dropped bodies)."""
+    if scene.sim["contacts"] != "dynamic":
+        return None
+    return dynamic_pool_gb(2 * body_capacity_for(scene, capacity), scene.sim["padded_capacity"])
+
+
 class Simulation:
     """A running scene.
 
     Attributes:
-        scene: the Scene it was built from (materials and statics as loaded).
-        model (app.model.Model), state (app.state.State; updated in place every step: fields keep their
+        scene: the Scene it was built from. builder (app.sim.model.ModelBuilder): the definition in scene order,
+            bodies added at run time included (its bodies' rows give shapes()).
+        model (app.sim.model.Model), state (app.sim.state.State; updated in place every step: fields keep their
             identity, so a viewer kernel bound to state.body_pos / state.body_quat stays valid until a
-            capacity growth, see `generation_id`), contacts (app.contacts.ContactSet), solver
-            (app.solver.JacobiSolver), grid (app.broadphase.Grid), health (app.integrator.Health).
+            capacity growth, see `generation_id`), contacts (app.sim.contacts.ContactSet), solver
+            (app.sim.solver.JacobiSolver), grid (app.sim.broadphase.Grid), diagnostics
+            (app.sim.diagnostics.Diagnostics).
         dt (s), substeps, solver_iterations: runtime; change freely between steps.
-        step_count: steps since the start (or last reset); sim_time = step_count * dt.
+        step_count: steps since the start (or last reset), state.step; sim_time = step_count * dt.
         overflow_events: list of {"step", "lost", "total"} dicts, one per step range in which the padded or
             dynamic storage dropped contacts (also printed on stderr).
         generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
@@ -136,20 +111,20 @@ class Simulation:
         vla_regrowths: steps redone because a VLA had to grow on the host (see advance: the steps launched after
             the failed one, at most CHECK_STEPS - 1, ran again too); a cost, never a loss.
         scene_of, internal_of: int64 (N,): bodies are stored by shape, then in Z-order of their initial
-            positions (storage_order; spatial_sort=False keeps scene order), and again by shape and current
-            positions by each resort(): stored body k is scene body scene_of[k], scene body s is stored at
-            internal_of[s]. Fields, contact lists (and their `other`) and the grid use stored indices; the
-            host accessors below and error messages use scene order. Bodies added at runtime are stored
+            positions (app.sim.reorder.storage_order; spatial_sort=False keeps scene order), and again by shape
+            and current positions by each resort(): stored body k is scene body scene_of[k], scene body s is
+            stored at internal_of[s]. Fields, contact lists (and their `other`) and the grid use stored indices;
+            the host accessors below and error messages use scene order. Bodies added at runtime are stored
             after the others, in their order; their scene indices continue the count.
         resort_interval: steps between two resort() calls made by step() (0: never): the scene's
             sim.resort_interval unless the constructor was given one; they happen only with at least
             resort_min_bodies bodies (a small scene's bodies share the caches whatever their order).
     """
 
-    # Defaults of resort_interval / resort_min_bodies. A resort of pile_1m costs 12-30 ms on the H200, 2.3-3.8 of
-    # them in kernels (docs/benchmarks.md, session 14): <= 0.06 ms a step at this interval, for a step 1 ms faster.
-    # The interval and the threshold are not tuned: bodies of a pouring pile drift out of order within a few
-    # hundred steps, and below ~20k bodies the data of a step fits the GPU's L2 cache in any order.
+    # Defaults of resort_interval / resort_min_bodies. A resort of pile_1m costs a few kernels and one upload of
+    # the Model's bodies: well under 0.1 ms a step at this interval, for a step 1 ms faster. Not tuned: bodies of
+    # a pouring pile drift out of order within a few hundred steps, and below ~20k bodies the data of a step fits
+    # the GPU's L2 cache in any order.
     RESORT_INTERVAL = SIM_DEFAULTS["resort_interval"]
     RESORT_MIN_BODIES = 20_000
 
@@ -173,26 +148,26 @@ class Simulation:
         self.capacity = int(capacity)
         self.model = Model(self.capacity)
         self.state = State(self.capacity)
-        max_per_body = int(self._padded)
-        self.contacts = ContactSet(self.contacts_kind, self.capacity, max_per_body=max_per_body)
-        self.solver = JacobiSolver(self.model, scene.sim["solver_iterations"])
+        self.diagnostics = Diagnostics()
+        self.contacts = ContactSet(self.contacts_kind, self.capacity, max_per_body=int(self._padded))
+        self.solver = JacobiSolver(self.model, self.diagnostics, scene.sim["solver_iterations"])
         self.grid = Grid(self.capacity)
         self.reorder = Reorder(self.capacity)
         # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
         self._batch = Batch(failed_at=self.contacts.failed_step)
         self._unchecked = 0   # steps launched since the host last read whether their commits sufficed
         self._check_every = 1
-        self.health = Health()
-        self._readout = ti.field(ti.f64, shape=len(READOUT_FIELDS))   # kernel_frame_readout's output
         self.generation_id += 1
 
     def load(self, scene: Scene):
         """(Re)load a scene into the existing fields when it fits (no recompilation), else reallocate."""
-        if not self.model.fits(scene) or scene.sim["padded_capacity"] > self._padded:
+        builder = ModelBuilder(scene)
+        if not builder.fits(self.model) or scene.sim["padded_capacity"] > self._padded:
             self._padded = max(self._padded, scene.sim["padded_capacity"])
             self._allocate(max(self.capacity, _round_capacity(scene.body_count)), scene)
         self.contacts.set_limit(scene.sim["padded_capacity"])
         self.scene = scene
+        self.builder = builder
         sim = scene.resolved_sim()
         self.dt = float(sim["dt"])
         self.substeps = int(sim["substeps"])
@@ -203,14 +178,14 @@ class Simulation:
         # the scene index of stored body k, internal_of its inverse. Host accessors and messages speak scene order.
         self._set_order(storage_order(scene.bodies["position"], scene.bodies["shape"]) if self.spatial_sort else
                         np.arange(scene.body_count, dtype=np.int64))
-        b = {key: np.asarray(arr)[self._scene_of] for key, arr in scene.bodies.items()}
-        self.model.load(scene, b, ids=self._scene_of)
-        self._n_bodies = int(scene.body_count)
+        builder.write(self.model, self._scene_of)
+        b = {key: np.asarray(scene.bodies[key])[self._scene_of]
+             for key in ("position", "orientation", "velocity", "angular_velocity")}
         self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
         self.contacts.reset()
         self.grid.reset()
         self._grid_order_current = False   # grid.body_order describes this step's bodies (see resort)
-        self.health.reset()
+        self.diagnostics.reset()
         self.step_count = 0
         self._unchecked = 0
         self._check_every = 1
@@ -218,14 +193,20 @@ class Simulation:
         self.overflow_events = []
         self.vla_regrowths = 0   # steps redone to grow a VLA (see advance)
         self._overflow_seen = self.contacts.overflowed()
-        self._contact_samples = []
-        self.contacts.max_depth[None] = 0.0
         self._max_depth_total = 0.0
 
     @property
     def body_count(self) -> int:
         """Bodies simulated (host copy of model.body_count: reading the field would sync the device)."""
-        return self._n_bodies
+        return self.builder.body_count
+
+    @property
+    def step_count(self) -> int:
+        return self.state.step
+
+    @step_count.setter
+    def step_count(self, value: int):
+        self.state.step = int(value)
 
     @property
     def sim_time(self) -> float:
@@ -238,48 +219,43 @@ class Simulation:
     def add_bodies(self, bodies: list):
         """Append bodies at runtime (list of body dicts as in a scene file; generators allowed). Capacity
         grows (fields are reallocated, state copied) when needed; existing bodies keep their state."""
-        from app.scene import validate
-
         raw = dict(self.scene.raw)
         raw["bodies"] = list(bodies)
         extra = validate(raw, self.scene.path + " (added bodies)")
-        self._sync_order()   # model.host in stored order, after any resort
         n0 = self.body_count
         k = extra.body_count
+        self.builder.add_bodies(extra.bodies)
+        # added bodies keep their order, after the stored ones (scene indices n0, n0 + 1, ...: their ids)
+        order = np.concatenate([self._scene_of[:n0], np.arange(n0, n0 + k)])
         if n0 + k > self.capacity:
             saved = self.state.to_numpy(n0)
-            old = {key: self.model.host[key][:n0] for key in ("shape", "radius", "half_extents", "material", "fixed")}
-            gravity = self.model.gravity.to_numpy()
+            step = self.step_count
             self._allocate(_round_capacity(n0 + k), self.scene)
-            self.model.load(self.scene)  # materials, planes and parameters; bodies are rewritten next
-            self.model.gravity.from_numpy(gravity)
-            self.model.set_bodies(old, self.scene.materials, 0, ids=self._scene_of)
+            self.builder.write(self.model, order)
             self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
+            self.step_count = step
             self.contacts.reset()
-        self.model.set_bodies(extra.bodies, self.scene.materials, n0)
-        self._n_bodies = n0 + k
+        else:
+            self.builder.write_bodies(self.model, order)
         self._grid_order_current = False
-        # added bodies keep their order, after the stored ones (scene indices n0, n0 + 1, ...: their ids)
-        self._set_order(np.concatenate([self._scene_of[:n0], np.arange(n0, n0 + k)]))
+        self._set_order(order)
         b = extra.bodies
         self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
 
     def set_gravity(self, g):
-        self.model.gravity[None] = [float(x) for x in g]
+        """Gravity (m/s^2, a 3-vector), from the next step."""
+        self.builder.set_param(self.model, "gravity", [float(x) for x in g])
 
     def set_material(self, index_or_name, friction=None, restitution=None):
         """Change a material's friction / restitution live (takes effect next step)."""
         idx = index_or_name if isinstance(index_or_name, int) else self.scene.material_index[index_or_name]
-        if friction is not None:
-            self.model.material_friction[idx] = float(friction)
-        if restitution is not None:
-            self.model.material_restitution[idx] = float(restitution)
+        self.builder.set_material(self.model, idx, friction=friction, restitution=restitution)
 
     # ------------------------------------------------------------------ stepping
     # advance() reads back whether its steps' VLA commits sufficed every few steps (and at its end, and before a
     # resort): after each step while the VLAs grow, then after 2, 4, ... CHECK_STEPS steps while they do not. A
     # read idles the GPU while the host waits for it and launches the next kernel: one a step cost 0.3 ms of a
-    # 10.4 ms pile_1m step on the H200 (docs/benchmarks.md, session 20). A failed step is redone with every step
+    # 10.4 ms pile_1m step on the H200. A failed step is redone with every step
     # launched after it, so checks are frequent where failures are (a pile's contacts grow for a while, and
     # their pool with them) and rare where the scene is settled.
     CHECK_STEPS = 16
@@ -292,7 +268,7 @@ class Simulation:
         """Advance `steps` steps of dt; on return every step is final (as if each had been checked alone).
 
         A step is 7 kernel launches with 10 solver iterations (the solver runs ITERATION_BATCH of them per
-        launch, see app.solver) and 3 device-side commits (grid cells, candidate pairs, contacts) in one
+        launch, see app.sim.solver) and 3 device-side commits (grid cells, candidate pairs, contacts) in one
         vla.Batch: lists that grew take chunks from their pool's free space on the device. Nothing is read back
         per step: the host reads every few steps (at most CHECK_STEPS, see above) whether every commit sufficed
         (_settle). When one did not (a pool or an overflow area too small: a few times while a scene's contacts
@@ -316,15 +292,14 @@ class Simulation:
         self.contacts.flip()
         self._batch.begin(self.step_count)
         self.grid.build(self.model, self.state, self._batch)
-        find_contacts(self.model, self.state, self.grid, self.contacts, self.dt, self._batch)
+        find_contacts(self.model, self.state, self.grid, self.contacts, self.diagnostics, self.dt, self._batch)
         self._solve()
         self._unchecked += 1
 
     def _solve(self):
         self._grid_order_current = True
         self.solver.iterations = self.solver_iterations
-        self.solver.step(self.state, self.state, self.contacts, self.dt, self.step_count, self.health)
-        self.step_count += 1
+        self.solver.step(self.state, self.state, self.contacts, self.dt)
 
     def _settle(self):
         """Make the launched steps final: one host read of the first failed step f, if any. The state and both
@@ -345,7 +320,7 @@ class Simulation:
             self.vla_regrowths += 1
             self.contacts.flip()
             self.grid.build(self.model, self.state)
-            find_contacts(self.model, self.state, self.grid, self.contacts, self.dt)
+            find_contacts(self.model, self.state, self.grid, self.contacts, self.diagnostics, self.dt)
             self._solve()
             self._unchecked = 0
             while self.step_count < end:
@@ -357,46 +332,32 @@ class Simulation:
         self._check_every = min(2 * self._check_every, self.CHECK_STEPS)
 
     def resort(self):
-        """Store the bodies again in the order of where they are now (app.reorder): by shape, then in grid order
-        of this step's positions (the grid is rebuilt first if the bodies changed since the last step). Keeps
-        every contact and its impulses; the motion is the same to the last bit. Device work only: the host
-        bookkeeping (scene_of, model.host) is brought up to date when next read."""
+        """Store the bodies again in the order of where they are now (app.sim.reorder): by shape, then in grid order
+        of this step's positions (the grid is rebuilt first if the bodies changed since the last step). Keeps every
+        contact and its impulses; the motion is the same to the last bit. The State and the contacts move on the
+        device; the new order is read back (one read) and the builder writes the Model's bodies in it."""
         if not self._grid_order_current:
             self.grid.build(self.model, self.state)
-        resort_bodies(self.model, self.state, self.contacts, self.health, self.reorder, self.grid.body_order,
-                      self.body_count)
+        moved = resort_bodies(self.model, self.state, self.contacts, self.diagnostics, self.reorder,
+                              self.grid.body_order, self.body_count)
+        self._set_order(self._scene_of[moved])
+        self.builder.write_bodies(self.model, self._scene_of)
         self._grid_order_current = False   # body_order holds the old indices
-        self._order_stale = True
 
     # ------------------------------------------------------------------ stored order <-> scene order
     def _set_order(self, scene_of: np.ndarray):
         self._scene_of = np.asarray(scene_of, np.int64)
         self._internal_of = np.empty_like(self._scene_of)
         self._internal_of[self._scene_of] = np.arange(self._scene_of.size)
-        self._order_stale = False
-
-    def _sync_order(self):
-        """After resort(): read the new order back (model.body_id holds each stored body's scene index) and
-        put model.host's per-body rows in it."""
-        if not self._order_stale:
-            return
-        n = self.body_count
-        scene_of = self.model.body_id.to_numpy()[:n].astype(np.int64)
-        rows = self._internal_of[scene_of]   # where each body's row sits in model.host now
-        for key in HOST_BODY_KEYS:
-            self.model.host[key] = self.model.host[key][rows]
-        self._set_order(scene_of)
 
     @property
     def scene_of(self) -> np.ndarray:
         """int64 (N,): scene index of each stored body (see the class docstring)."""
-        self._sync_order()
         return self._scene_of
 
     @property
     def internal_of(self) -> np.ndarray:
         """int64 (N,): stored index of each scene body."""
-        self._sync_order()
         return self._internal_of
 
     def step_frame(self):
@@ -414,11 +375,11 @@ class Simulation:
         self.check(frame)
 
     def read_frame(self) -> dict:
-        """One host read of app.integrator.READOUT_FIELDS (health flags, contacts.failed_step, contact points of
+        """One host read of app.sim.diagnostics.READOUT_FIELDS (health flags, contacts.failed_step, contact points of
         the last step, max_depth m, contacts dropped by a padded / dynamic storage, kinetic energy J), as a
         dict of ints (floats for max_depth and kinetic_energy); also kept in last_frame."""
-        kernel_frame_readout(self.model, self.state, self.health, self.contacts, self._readout)
-        values = self._readout.to_numpy().tolist()
+        kernel_frame_readout(self.model, self.state, self.diagnostics, self.contacts)
+        values = self.diagnostics.readout.to_numpy().tolist()
         frame = {name: (x if name in ("max_depth", "kinetic_energy") else int(x))
                  for name, x in zip(READOUT_FIELDS, values)}
         self.last_frame = frame
@@ -477,16 +438,15 @@ class Simulation:
     def shapes(self) -> dict:
         """shape (N,) int32 (0 sphere, 1 box), radius (N,) m (boxes: bounding radius), half_extents (N,3) m,
         material (N,) int32, fixed (N,) bool, mass (N,) kg."""
-        o = self.internal_of[: self.body_count]
-        h = self.model.host
-        return {"shape": h["shape"][o].astype(np.int32), "radius": h["radius"][o].astype(np.float32),
-                "half_extents": h["half_extents"][o].astype(np.float32), "material": h["material"][o].astype(np.int32),
-                "fixed": h["fixed"][o].astype(bool), "mass": h["mass"][o].astype(np.float32)}
+        h = self.builder.bodies
+        return {"shape": h["shape"].astype(np.int32), "radius": h["radius"].astype(np.float32),
+                "half_extents": h["half_extents"].astype(np.float32), "material": h["material"].astype(np.int32),
+                "fixed": h["fixed"].astype(bool), "mass": h["mass"].astype(np.float32)}
 
     def static_geometry(self) -> list:
         """The scene's static list as validated: dicts {type: plane, normal, offset, material} or
         {type: container, size, center, material} (material = index)."""
-        return [dict(s) for s in self.scene.statics]
+        return [dict(s) for s in self.builder.statics]
 
     def kinetic_energy(self) -> float:
         return float(kernel_kinetic_energy(self.model, self.state))
@@ -498,10 +458,10 @@ class Simulation:
             "step": self.step_count,
             "sim_time": self.sim_time,
             "bodies": self.body_count,
-            "contacts": int(self.contacts.contact_total[None]),
+            "contacts": int(self.diagnostics.contact_total[None]),
             "contacts_per_body_max": int(counts.max()) if counts.size else 0,
             "contacts_per_body_mean": float(counts.mean()) if counts.size else 0.0,
-            "max_penetration": float(self.contacts.max_depth[None]),
+            "max_penetration": float(self.diagnostics.max_depth[None]),
             "kinetic_energy": self.kinetic_energy(),
             "contact_storage": self.contacts.stats(),
             "grid": self.grid.stats(),

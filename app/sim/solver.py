@@ -24,16 +24,16 @@ restitution_threshold, and position correction by split impulses (Catto 2006; Bu
 step and is discarded after integration, so correcting penetration adds no kinetic energy (a
 Baumgarte bias would make balls bounce higher than they fell). Last step's impulses warm-start this
 step (matched by other body and feature id); the narrowphase sets them, and each restitution target, once
-per pair when it appends the pair's two copies (app.narrowphase._emit_contacts).
+per pair when it appends the pair's two copies (app.sim.narrowphase._emit_contacts).
 """
 
 import taichi as ti
 
-from app.contacts import first_copy, record_normal, skipping
-from app.integrator import gyroscopic_step, kernel_integrate
-from app.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
-from app.solver_body import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion, unpack_body,
-                             unpack_motion)
+from app.sim.contacts import first_copy, record_normal, skipping
+from app.sim.integrator import gyroscopic_step, kernel_integrate
+from app.sim.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
+from app.sim.solver_records import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion,
+                                    unpack_body, unpack_motion)
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -116,22 +116,22 @@ def angular_scale(inv_inertia_d):
 
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
-                   solver: ti.template(), contacts: ti.template(), dt: ti.f32):
-    """Per body: apply gravity, the gyroscopic term (app.integrator.gyroscopic_step) and the warm-start impulses
+                   solver: ti.template(), contacts: ti.template(), diagnostics: ti.template(), dt: ti.f32):
+    """Per body: apply gravity, the gyroscopic term (app.sim.integrator.gyroscopic_step) and the warm-start impulses
     its contacts already carry (the narrowphase set them, and each restitution target, from last step's lists:
-    app.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
+    app.sim.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
     appended them (any order gives the same motion: see FIXED_ONE).
 
     Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
     (see JacobiSolver.step).
-    Writes solver.motion[0, i], solver.body[i], contacts.contact_total (each pair counted once), and for the
+    Writes solver.motion[0, i], solver.body[i], diagnostics.contact_total (each pair counted once), and for the
     padded and dynamic storages moves the fill's dropped appends into lists.overflow_count. Nothing while
-    contacts.skipping() (see app.contacts.ContactSet.failed_step)."""
+    contacts.skipping() (see app.sim.contacts.ContactSet.failed_step)."""
     g = model.gravity[None]
     run = not contacts.skipping()
     n_bodies = ti.select(run, model.body_count[None], 0)
     if run:
-        contacts.contact_total[None] = 0
+        diagnostics.contact_total[None] = 0
         if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: the drops of the fill this step solves
             lists.overflow_count[None] += lists.dropped_now[None]
             lists.dropped_now[None] = 0
@@ -168,7 +168,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             P_sum += fixed(P, scale)
             L_sum += fixed(L, scale_w)
             check += P.sum() + L.sum()
-        ti.atomic_add(contacts.contact_total[None], counted)
+        ti.atomic_add(diagnostics.contact_total[None], counted)
         solver.motion[0, i] = pack_motion(Motion(v=flag_non_finite(vi + inv_m * unfixed(P_sum, scale), check),
                                                  w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o,
                                                                 unfixed(L_sum, scale_w)),
@@ -188,7 +188,7 @@ ITERATION_BATCH = 5
 def kernel_solve_iterations(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
                             src: ti.i32, count: ti.template(), dt: ti.f32, failed_step: ti.template()):
     """`count` (compile time) Jacobi iterations, the first reading solver.motion[src]; iteration c writes
-    buffer (src + c + 1) % 2. None while skipping(failed_step) (app.contacts.ContactSet.failed_step:
+    buffer (src + c + 1) % 2. None while skipping(failed_step) (app.sim.contacts.ContactSet.failed_step:
     the lists at `base` may then be last step's, which a redo needs unchanged)."""
     n = ti.select(skipping(failed_step), 0, model.body_count[None])
     for c in ti.static(range(count)):
@@ -304,7 +304,10 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
 class JacobiSolver:
     """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, dt)`.
 
-    motion: Motion records (v, w, pv, pw: vec3 f32) packed as six u64 words (app.solver_body.pack_motion),
+    model: the app.sim.model.Model it solves; diagnostics: the app.sim.diagnostics.Diagnostics its steps write
+    (contact count, health).
+
+    motion: Motion records (v, w, pv, pw: vec3 f32) packed as six u64 words (app.sim.solver_records.pack_motion),
         shape (2, body_capacity): ping-pong buffers of velocity (m/s, rad/s) and split-impulse pseudo
         velocity; the starting buffer index is a runtime argument, so any iteration count runs on the same
         two compiled kernels (ITERATION_BATCH iterations, and one). One record per body: a contact gathers the
@@ -315,25 +318,26 @@ class JacobiSolver:
     iterations: host int, runtime (sim.solver_iterations; the viewer may change it).
     """
 
-    def __init__(self, model, iterations: int = 10):
+    def __init__(self, model, diagnostics, iterations: int = 10):
         self.model = model
+        self.diagnostics = diagnostics
         self.iterations = int(iterations)
         n = model.body_capacity
         self.motion = MOTION_WORDS.store_dtype.field(shape=(2, n))   # packed Motion (pack_motion)
         self.body = BODY_WORDS.store_dtype.field(shape=n)            # packed SolverBody (pack_body)
 
-    def step(self, state_in, state_out, contacts, dt: float, step_index: int = 0, health=None):
-        """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate
-        state_in -> state_out. state_in may be state_out: integration reads and writes only each body's
-        own slots.
+    def step(self, state_in, state_out, contacts, dt: float):
+        """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate state_in ->
+        state_out (dt in s); state_out.step = state_in.step + 1. state_in may be state_out: integration reads and
+        writes only each body's own slots.
 
         Thread i takes body i, so the order bodies are stored in is the order warps take them. The Simulation
-        stores them by shape, then by place (app.sim.storage_order, app.reorder): a warp's bodies are then
+        stores them by shape, then by place (app.sim.reorder): a warp's bodies are then
         neighbours, whose data the contacts gather from shared cache lines, and of one shape, so that its
         lists have similar lengths (a box has more contacts than a sphere, and a warp lasts as long as its
         longest list). Any order gives the same result: each thread writes only its own body, from the
         previous iteration's buffers."""
-        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, dt)
+        kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, self.diagnostics, dt)
         src = 0
         left = self.iterations
         while left > 0:
@@ -342,4 +346,6 @@ class JacobiSolver:
                                     contacts.failed_step)
             src = (src + count) % 2
             left -= count
-        kernel_integrate(self.model, state_in, state_out, self, src, dt, step_index, health, contacts.failed_step)
+        kernel_integrate(self.model, state_in, state_out, self, src, dt, state_in.step, self.diagnostics,
+                         contacts.failed_step)
+        state_out.step = state_in.step + 1

@@ -16,6 +16,7 @@ class State:
     body_quat: vec4 f32, unit quaternion (w, x, y, z), body-to-world rotation.
     body_vel: vec3 f32, m/s, linear velocity of the centre of mass.
     body_omega: vec3 f32, rad/s, angular velocity in world coordinates.
+    step: host int, the steps taken to reach this state (the solver sets state_out.step = state_in.step + 1).
 
     The viewer reads body_pos/body_quat directly in its own kernels to fill instance transforms.
     """
@@ -27,12 +28,12 @@ class State:
         self.body_quat = ti.Vector.field(4, ti.f32, n)
         self.body_vel = ti.Vector.field(3, ti.f32, n)
         self.body_omega = ti.Vector.field(3, ti.f32, n)
+        self.step = 0
 
-    def set_rows(self, start: int, position, orientation, velocity, angular_velocity, host_cache=None):
+    def set_rows(self, start: int, position, orientation, velocity, angular_velocity):
         """Write rows [start, start+len) from numpy arrays; keeps rows < start (read back first)."""
         k = len(position)
         cur = self.to_numpy(start) if start > 0 else None
-        arrays = []
         for name, new, width in (("body_pos", position, 3), ("body_quat", orientation, 4), ("body_vel", velocity, 3),
                                  ("body_omega", angular_velocity, 3)):
             out = np.zeros((self.body_capacity, width), np.float32)
@@ -42,7 +43,6 @@ class State:
             if name == "body_quat":
                 out[start + k:, 0] = 1.0
             getattr(self, name).from_numpy(out)
-            arrays.append(out)
 
     def to_numpy(self, count: int) -> dict:
         return {name: getattr(self, name).to_numpy()[:count] for name in BODY_FIELDS}

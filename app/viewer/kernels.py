@@ -11,8 +11,8 @@ model.body_shape, model.body_material, the contact lists) and write only the vie
 """
 import taichi as ti
 
-from app.contacts import first_copy, record_normal
-from app.math3d import quat_to_mat
+from app.sim.contacts import first_copy, record_normal
+from app.sim.math3d import quat_to_mat
 
 vec3 = ti.types.vector(3, ti.f32)
 

@@ -19,8 +19,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from app import render_kernels as rk
-from app import render_meshes as rm
+from app.viewer import kernels as rk
+from app.viewer import meshes as rm
 
 BACKGROUND = (0.11, 0.12, 0.15)
 FLOOR_COLORS = ((0.40, 0.42, 0.46), (0.33, 0.35, 0.39))

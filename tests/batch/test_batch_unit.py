@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from app import batch
-from app.batch_plan import expand_runs, load_sweep, make_run_id, parse_seeds, parse_set, split_values
-from app.batch_store import metrics_summary
-from app.batch_worker import describe_exit
+from app.batch import cli as batch
+from app.batch.plan import expand_runs, load_sweep, make_run_id, parse_seeds, parse_set, split_values
+from app.batch.store import metrics_summary
+from app.batch.worker import describe_exit
 from app.errors import UserError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 STANDIN = textwrap.dedent(
     r'''
@@ -244,7 +244,7 @@ def test_lock_refuses_a_second_live_batch(tmp_path, scene, standin):
 
 
 def test_workers_get_one_gpu_each_or_a_share_of_the_cores(tmp_path, scene, standin):
-    from app.batch_process import slot_envs
+    from app.batch.process import slot_envs
 
     envs = slot_envs(3, ["0", "1"], base_env={})
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0"]
@@ -310,7 +310,7 @@ def test_ray_missing_names_the_extra(tmp_path, scene, monkeypatch):
         return real_import(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
-    from app.batch_ray import import_ray
+    from app.batch.ray import import_ray
 
     with pytest.raises(UserError, match=r"pip install -e \.\[cluster\]"):
         import_ray()
@@ -324,8 +324,8 @@ def test_sigterm_stops_the_batch_and_resume_finishes(tmp_path, scene, standin):
     script.write_text(textwrap.dedent(f"""
         import sys, functools
         sys.path.insert(0, {str(ROOT)!r})
-        from app import batch
-        from app.batch_plan import expand_runs
+        from app.batch import cli as batch
+        from app.batch.plan import expand_runs
         import test_standin_argv as t
         runs = expand_runs([{scene!r}], [0, 1, 2, 3, 4, 5], [("test.sleep", ["0.7"])])
         s = {{"frames": 3, "arch": None, "record": False, "seeds": None, "parameters": {{}}, "backend": "processes"}}
@@ -373,7 +373,7 @@ def test_ray_task_ships_the_scene_to_nodes_without_it(tmp_path, scene, standin):
     runs the shipped scene text, and it returns the run's files as bytes for the driver to write."""
     from dataclasses import replace
 
-    from app.batch_ray import _ray_task
+    from app.batch.ray import _ray_task
 
     spec = replace(expand_runs([scene], [3], [])[0], scene_path=str(tmp_path / "elsewhere" / "tiny.yaml"))
     seen = {}

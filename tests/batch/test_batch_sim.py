@@ -1,6 +1,6 @@
 """Batches of the real simulator: ``python run.py batch`` driving ``run.py SCENE --headless`` processes.
 
-All runs use tests/data/batch_tiny.yaml (6 spheres, 3 frames of 4 substeps) on the CPU, so a run costs
+All runs use tests/batch/batch_tiny.yaml (6 spheres, 3 frames of 4 substeps) on the CPU, so a run costs
 about the Taichi start-up. These are the tests issue 5 names:
 
 - a sweep of 4 seeds x 2 values, one value invalid: 4 ok rows, 4 failed rows with the reason, exit 1;
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENE = "tests/data/batch_tiny.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+SCENE = "tests/batch/batch_tiny.yaml"
 FRAMES = "3"
 SWEEP = ["--seeds", "0-3", "--set", "sim.solver_iterations=4,-1"]
 # Columns that measure this machine, not the simulation: they differ between any two runs.

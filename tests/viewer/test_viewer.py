@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from app import render_meshes as rm
-from app.viewer import vulkan_problem
+from app.viewer import meshes as rm
+from app.viewer.display import vulkan_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "tests", "data", "viewer_tiny.yaml")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "tests", "viewer", "viewer_tiny.yaml")
 W, H = 320, 240
 
 # A body's projected centre must land within this many pixels of its blob's centroid: perspective shifts
@@ -30,7 +30,7 @@ needs_vulkan = pytest.mark.skipif(vulkan_problem() is not None, reason=f"{vulkan
 def ti_cpu():
     import taichi as ti
 
-    from app.headless import taichi_options
+    from app.runtime import taichi_options
 
     ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))  # as the app runs
     yield ti
@@ -56,7 +56,7 @@ def test_meshes_are_closed_and_unit():
 def test_projection_matches_taichi_camera_matrices(ti_cpu):
     import taichi as ti
 
-    from app.render import project
+    from app.viewer.render import project
 
     spec = {"position": [3.0, 2.0, 4.0], "lookat": [0.0, 0.5, 0.0], "up": [0.0, 1.0, 0.0], "fov": 40.0}
     cam = ti.ui.Camera()
@@ -76,8 +76,8 @@ def test_projection_matches_taichi_camera_matrices(ti_cpu):
 
 # ---------------------------------------------------------------------------------------------------- offscreen
 def _pose_view(positions, materials, shapes=None, statics=(), camera=None):
-    from app.render import PoseSource
-    from app.viewer import OffscreenView
+    from app.viewer.render import PoseSource
+    from app.viewer.offscreen import OffscreenView
 
     n = len(positions)
     shapes = np.zeros(n, np.int32) if shapes is None else np.asarray(shapes, np.int32)
@@ -109,7 +109,7 @@ def _mask(img, channel):
 
 @needs_vulkan
 def test_bodies_appear_where_projected(ti_cpu):
-    from app.render import project
+    from app.viewer.render import project
 
     camera = {"position": [0.0, 1.5, 5.0], "lookat": [0.0, 0.0, 0.0], "fov": 45.0}
     # material 0 is orange (red dominant), material 1 steel blue (blue dominant), 3 green
@@ -149,7 +149,7 @@ def test_bodies_appear_where_projected(ti_cpu):
 @needs_vulkan
 def test_colour_buckets_and_statics(ti_cpu):
     """Counting sort: per (shape, material) bucket counts; boxes and a container drawn."""
-    from app.render import PoseSource, Renderer
+    from app.viewer.render import PoseSource, Renderer
 
     shapes = np.array([0, 1, 1, 0, 1], np.int32)
     mats = np.array([2, 0, 2, 2, 17], np.int32)
@@ -184,8 +184,8 @@ def tiny_sim(ti_cpu):
 @needs_vulkan
 def test_drop_bodies_live(tiny_sim):
     """The panel's drop button: bodies join the running simulation and the renderer draws all of them."""
-    from app.render import Renderer, SimSource
-    from app.viewer import InteractiveViewer
+    from app.viewer.render import Renderer, SimSource
+    from app.viewer.interactive import InteractiveViewer
 
     sim = tiny_sim
     sim.reset()
@@ -213,13 +213,13 @@ def test_drop_bodies_live(tiny_sim):
 def test_contact_glyphs_and_contact_colours(tiny_sim):
     """After the first bodies land: one glyph per contact point (a pair counted once, as contact_total
     counts), on the floor for floor contacts; contact-count buckets match the simulation's per-body counts."""
-    from app.render import Renderer, SimSource
+    from app.viewer.render import Renderer, SimSource
 
     sim = tiny_sim
     sim.reset()
     for _ in range(24):   # the big sphere and box land after about 0.3 s (19 frames of 16 ms)
         sim.step_frame()
-    total = int(sim.contacts.contact_total[None])
+    total = int(sim.diagnostics.contact_total[None])
     assert total > 0
     r = Renderer(SimSource(sim), color_mode="contacts", show_contacts=True)
     r.update()
@@ -238,7 +238,7 @@ def test_contact_glyphs_and_contact_colours(tiny_sim):
 def test_headless_recorder_writes_frames_and_video(tiny_sim, tmp_path):
     import imageio.v2 as imageio
 
-    from app.viewer import frame_callback
+    from app.viewer.offscreen import frame_callback
 
     sim = tiny_sim
     sim.reset()
@@ -263,7 +263,7 @@ def test_replay_renders_a_recorded_run(ti_cpu, tmp_path):
     import imageio.v2 as imageio
 
     from app.scene import load_scene
-    from app.viewer import replay_main
+    from app.viewer.replay import replay_main
 
     scene = load_scene(TINY)
     b = scene.bodies

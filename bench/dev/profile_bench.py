@@ -25,9 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--orders", default="z",
                    help="comma list of body storage orders to profile: z (Z-order of the initial positions, the "
-                        "default), scene (scene order, as before session 5) and/or landed (after the warm-up, one "
-                        "Simulation.resort(), then --resettle steps before the timed ones; before session 14 this "
-                        "re-sorted on the host and dropped the contacts)")
+                        "default), scene (scene order) and/or landed (after the warm-up, one Simulation.resort(), "
+                        "then --resettle steps before the timed ones)")
     p.add_argument("--resettle", type=int, default=50, help="steps between the re-sort and the timed steps (landed)")
     p.add_argument("--resort-intervals", default="",
                    help="comma list of Simulation.resort_interval values to profile, each a case of its own (0: "
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
     from app.sim import Simulation
 
     # the largest sparse-data pool a case needs (a dynamic storage's), set once: ti.init runs once
-    from app.contacts import taichi_pool_gb
+    from app.sim.simulation import taichi_pool_gb
 
     pools = [taichi_pool_gb(load_scene(path, ov)) for _, ov in storages if ov[0] == "sim.contacts=dynamic"]
     arch = init_taichi(args.arch, kernel_profiler=True, device_memory_GB=max(pools) if pools else None)
@@ -97,7 +96,7 @@ def main(argv=None) -> int:
             f"every {sim.resort_interval} steps"
         print(f"\n{args.scene} ({sim.body_count} bodies, {order}-order, resort {resorts}), contacts {storage}, arch "
               f"{arch}: {wall:.2f} ms/step wall, {device:.2f} ms/step in kernels, "
-              f"{int(sim.contacts.contact_total[None])} contacts", flush=True)
+              f"{int(sim.diagnostics.contact_total[None])} contacts", flush=True)
         ti.profiler.print_kernel_profiler_info("count")
         if args.resort_cost > 0:
             ti.profiler.clear_kernel_profiler_info()

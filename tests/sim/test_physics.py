@@ -11,7 +11,7 @@ import pytest
 
 ti = pytest.importorskip("taichi")
 
-from app.headless import taichi_options  # noqa: E402
+from app.runtime import taichi_options  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
 
 CAPACITY = 64
@@ -47,7 +47,7 @@ STOP_REL_TOL = 0.02
 STACK_TOP_MAX_M = 0.05
 PYRAMID_MAX_MOVE_M = 0.02
 # Free rotation (Euler's equations, integrated implicitly and projected back onto the energy surface:
-# app.integrator.gyroscopic_step). Measured over 3 s of the generic spin and 5 s of the tumbling one: angular
+# app.sim.integrator.gyroscopic_step). Measured over 3 s of the generic spin and 5 s of the tumbling one: angular
 # momentum within 0.74% and 0.92%, kinetic energy within 2e-5 and 4.3e-4 (f32 rounding that adds up over
 # 2,500 steps; 0.13% in 20 s of tumbling); so the momentum may drift 2% and the energy move 0.1% either way.
 # Implicit Euler alone lost 2.1% and 3.0% of the energy (a free spin slowly settling onto its major axis),

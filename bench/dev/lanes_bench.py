@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         sim.step()
     n = sim.body_count
     counts = sim.contacts.lengths(n)  # stored order, like body_order
-    shape = sim.model.host["shape"][:n]
+    shape = sim.model.body_shape.to_numpy()[:n]   # stored order
     order = sim.grid.body_order.to_numpy()[:n]
     split = np.concatenate([order[shape[order] == 0], order[shape[order] == 1]])
     rows = [("grid.body_order (Z-order; the solver's)", order), ("spheres, then boxes, each in Z-order", split),

@@ -4,10 +4,10 @@
 
 Runs the scene for N steps in a Simulation, again in a second Simulation, and again in the first after
 reset(); reports the largest position and velocity difference of each rerun from the first run, and the
-contact counts. The solver's sums are order-independent (app.solver.FIXED_ONE), so with the app's Taichi
-options (app.headless.TAICHI_OPTIONS: no fast math) the three runs should agree to the bit whatever order the
+contact counts. The solver's sums are order-independent (app.sim.solver.FIXED_ONE), so with the app's Taichi
+options (app.runtime.TAICHI_OPTIONS: no fast math) the three runs should agree to the bit whatever order the
 threads appended contacts in. A pile amplifies any difference, so this is a sensitive check: under fast math
-scenes/default.yaml's reruns on an H200 ended 0.42-0.48 m apart after 600 steps (docs/benchmarks.md, session 16).
+scenes/default.yaml's reruns on an H200 ended 0.42-0.48 m apart after 600 steps.
 """
 import argparse
 import sys
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     if args.steps < 1:
         raise UserError(f"--steps: expected a positive int, got {args.steps}")
-    from app.headless import ensure_taichi
+    from app.runtime import ensure_taichi
     from app.scene import load_scene
     from app.sim import Simulation
 

@@ -12,7 +12,7 @@ import yaml
 from app.errors import UserError
 from app.scene import SHAPE_BOX, SHAPE_SPHERE, apply_overrides, load_scene, scene_from_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENES = sorted((ROOT / "scenes").glob("*.yaml"))
 
 

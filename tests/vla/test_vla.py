@@ -1307,32 +1307,3 @@ def test_scan_matches_numpy_cumsum(n):
     Scanner(n).exclusive(src, n, dst)
     expect = np.concatenate([[0], np.cumsum(src_np[:n])])
     assert np.array_equal(dst.to_numpy(), expect)
-
-
-def test_vla_bench_rounds_take_each_ratio_within_its_round_and_report_medians():
-    # bench vla --rounds: a ratio is taken against the baseline's figure of the same round, the row reports the
-    # median of each figure and ratio over the rounds (the lower middle one for an even count), and the flat
-    # read's best form is the one of highest median share of the copy kernel's bandwidth.
-    from bench.vla_bench import FLAT_THREADS, FLAT_UNROLL, _add_ratios, _median_of_rounds
-
-    strided = f"{FLAT_THREADS}x{FLAT_UNROLL}"
-    rounds = []
-    for pad_warp, vla_warp, fold4, copy in ((0.060, 0.040, 0.050, 3000.0), (0.066, 0.033, 0.040, 2000.0),
-                                            (0.063, 0.042, 0.045, 3000.0)):
-        common = {"fill_ms": 1.0, "read_ms": 1.0, "reduce_ms": 1.0, "fill_kms": 0.4, "read_kms": 0.09,
-                  "reduce_kms": 0.09, "copy_GBps": copy, "copy_kGBps": copy}
-        rows = [dict(common, store="padded", reduce_warp_ms=1.0, reduce_warp_kms=pad_warp),
-                dict(common, store="vla", fill_kms=0.2, reduce_warp_ms=1.0, reduce_warp_kms=vla_warp,
-                     flat_read_ms=1.0, flat_read_kms=0.06, flat_sweep_kms={"fold4": fold4})]
-        _add_ratios(rows, live_bytes=30_000_000)
-        rounds.append(rows[1])
-    assert [r["reduce_warp_kx_padded_best"] for r in rounds] == pytest.approx([1.5, 2.0, 1.5])
-    row = _median_of_rounds(rounds)
-    assert row["reduce_warp_kx_padded_best"] == pytest.approx(1.5)   # not 0.063 / 0.040, the ratio of the medians
-    assert row["reduce_warp_kms"] == pytest.approx(0.040) and row["fill_kx_padded"] == pytest.approx(2.0)
-    # fold4: 30 MB in 50 / 40 / 45 us = 600 / 750 / 667 GB/s against copies of 3000 / 2000 / 3000: 20%, 37.5%, 22.2%
-    assert row["flat_sweep_kpct"]["fold4"] == pytest.approx(100 * 0.03 / 0.045 / 3)
-    assert row["flat_sweep_kpct"][strided] == pytest.approx(100 * 0.03 / 0.06 / 3)
-    assert row["flat_best_cfg"] == "fold4" and row["flat_best_kpct_copy_bw"] == row["flat_sweep_kpct"]["fold4"]
-    assert row["rounds_n"] == 3
-    assert _median_of_rounds(rounds[:2])["reduce_warp_kms"] == pytest.approx(0.033)   # lower middle of two

@@ -1,8 +1,8 @@
 """Does the sparse-data pool that run.py gives a `contacts: dynamic` scene hold every list filled to its maximum?
 
-    python -m bench.dynamic_pool [--lists 2097152] [--max 32] [--arch cuda] [--pool GB]
+    python -m bench.dev.dynamic_pool [--lists 2097152] [--max 32] [--arch cuda] [--pool GB]
 
-Starts Taichi with the pool app.contacts.dynamic_pool_gb computes for --lists lists of --max contact records
+Starts Taichi with the pool app.sim.contacts.dynamic_pool_gb computes for --lists lists of --max contact records
 (--pool overrides it: 1 is Taichi's default, under which pile_1m's lists should not fit), makes the
 DynamicLists, fills every list to its maximum in one kernel, and checks every length and a checksum of the
 records on the host. The defaults are pile_1m's (two generations of 2^20 lists, padded_capacity 32): the
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.dynamic_pool", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.dev.dynamic_pool", description=__doc__.splitlines()[0])
     p.add_argument("--lists", type=int, default=2 * 2**20)
     p.add_argument("--max", type=int, default=32)
     p.add_argument("--arch", choices=("cpu", "cuda"), default="cuda")
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import taichi as ti
 
-    from app.contacts import CONTACT_RECORD_BYTES, ContactRecord, DynamicLists, dynamic_pool_gb
+    from app.sim.contacts import CONTACT_RECORD_BYTES, ContactRecord, DynamicLists, dynamic_pool_gb
 
     pool = dynamic_pool_gb(args.lists, args.max) if args.pool is None else args.pool
     extra = {"device_memory_GB": pool} if args.arch == "cuda" else {}

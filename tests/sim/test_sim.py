@@ -13,19 +13,19 @@ import pytest
 
 ti = pytest.importorskip("taichi")
 
-from app.contacts import SECOND_COPY  # noqa: E402
+from app.sim.contacts import SECOND_COPY  # noqa: E402
 from app.errors import UserError  # noqa: E402
-from app.headless import taichi_options  # noqa: E402
-from app.math3d import quat_to_mat  # noqa: E402
-from app.narrowphase import collide_box_box  # noqa: E402
+from app.runtime import taichi_options  # noqa: E402
+from app.sim.math3d import quat_to_mat  # noqa: E402
+from app.sim.narrowphase import collide_box_box  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENES = ROOT / "scenes"
 
 # Storages agree: the solver's sums over a list are order-independent (fixed point), so the motion does not
 # depend on the order in which threads appended. This module runs Taichi as the app does, with fast_math=False
-# (app.headless.TAICHI_OPTIONS), so that each storage's differently compiled kernels round identically; the
+# (app.runtime.TAICHI_OPTIONS), so that each storage's differently compiled kernels round identically; the
 # three storages must then give bit-identical motion (tolerance 0). With fast-math (the default elsewhere) LLVM
 # may contract floats differently per kernel and a pile amplifies the 1-ulp differences: measured 3.6e-5 m
 # in position and 4.7e-4 in quaternion components after 300 steps, with identical contact counts.
@@ -53,10 +53,11 @@ def sim():
     """The module's VLA Simulation; tests load their scenes into it, and run_headless reuses it."""
     ti.init(arch=ti.cpu, log_level=ti.WARN, **taichi_options("cpu"))  # as the app runs; see STORAGE_AGREE_TOL_M
     from app import headless
+    from app.runtime import taichi_program
     from app.sim import Simulation
 
     s = Simulation(_small_pile("vla"), capacity=CAPACITY)
-    headless._SIM_CACHE["vla"] = (headless._taichi_prog(), s)
+    headless._SIM_CACHE["vla"] = (taichi_program(), s)
     yield s
 
 
@@ -77,7 +78,7 @@ def test_three_contact_storages_agree(sim, padded_sim):
         for _ in range(60):  # 300 steps: the pile lands and collides
             s.step_frame()
         results[kind] = (s.positions(), s.orientations(), s.contact_counts(), s.contacts.overflowed(),
-                         int(s.contacts.contact_total[None]))
+                         int(s.diagnostics.contact_total[None]))
     ref = results["vla"]
     assert ref[4] > 30, "the pile must be in contact for the comparison to mean anything"
     for kind in ("padded", "dynamic"):
@@ -90,10 +91,10 @@ def test_three_contact_storages_agree(sim, padded_sim):
 
 def _frame_read_field_by_field(sim):
     """What Simulation.read_frame() gathers in one read, read here one field at a time."""
-    h, c = sim.health, sim.contacts
+    h, c = sim.diagnostics, sim.contacts
     return {"error_step": int(h.error_step[None]), "error_body": int(h.error_body[None]),
             "error_kind": int(h.error_kind[None]), "failed_step": int(c.failed_step[None]),
-            "contacts": int(c.contact_total[None]), "max_depth": float(c.max_depth[None]),
+            "contacts": int(h.contact_total[None]), "max_depth": float(h.max_depth[None]),
             "dropped": c.overflowed(), "kinetic_energy": sim.kinetic_energy()}
 
 
@@ -112,17 +113,17 @@ def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
     assert {k: v for k, v in frame.items() if k != "kinetic_energy"} == ref
     # A step whose broadphase and narrowphase run twice (Simulation.step does when a VLA must grow on the host)
     # counts its drops once: the second fill replaces the first's count, and the solver step books it.
-    from app.narrowphase import find_contacts
+    from app.sim.narrowphase import find_contacts
 
     before = sim.contacts.overflowed()
     sim.contacts.flip()
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     once = sim.contacts.overflowed() - before
     assert once > 0
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     assert sim.contacts.overflowed() - before == once
-    sim.solver.step(sim.state, sim.state, sim.contacts, sim.dt, sim.step_count, sim.health)
+    sim.solver.step(sim.state, sim.state, sim.contacts, sim.dt)
     assert sim.contacts.overflowed() - before == once
     sim.step()
     assert sim.contacts.overflowed() > before + once   # the next step's drops add to it
@@ -141,8 +142,8 @@ def test_contact_geometry_by_hand(sim):
     sim.load(scene)
     sim.contacts.begin_step(sim.body_count)
     sim.grid.build(sim.model, sim.state)
-    from app.narrowphase import find_contacts
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    from app.sim.narrowphase import find_contacts
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     offsets, values = sim.contacts.lists.to_csr()
     # lists and `other` use stored body indices (Z-order of the initial positions): map scene bodies 0, 1, 2
     s0, s1, s2 = (int(sim.internal_of[k]) for k in range(3))
@@ -212,7 +213,7 @@ def _box_box_axis_ref(pa, Ra, ha, pb, Rb, hb, margin, tie):
     face's separation + EDGE_ABS_TOL x the smallest half extent). Returns (separated, normal from A to B, axis
     code: 0-5 faces, 6-14 edges), or None when a decision is within `tie` of flipping (float32 may round it
     either way)."""
-    from app.narrowphase import EDGE_ABS_TOL, EDGE_REL_TOL
+    from app.sim.narrowphase import EDGE_ABS_TOL, EDGE_REL_TOL
 
     t = pb - pa
     lmin = min(ha.min(), hb.min())
@@ -318,47 +319,31 @@ def test_batched_iterations_match_one_per_launch(sim, monkeypatch):
     # The solver runs ITERATION_BATCH Jacobi iterations per launch (then single ones): the ping-pong between
     # the two velocity buffers must come out the same as one iteration per launch, for an iteration count
     # that is not a multiple of the batch, with odd and even batches: bit-identical motion.
-    import app.solver
+    import app.sim.solver
 
     def run():
         sim.load(_small_pile("vla"))
         sim.solver_iterations = 7
         for _ in range(150):
             sim.step()
-        return sim.positions(), sim.orientations(), int(sim.contacts.contact_total[None])
+        return sim.positions(), sim.orientations(), int(sim.diagnostics.contact_total[None])
 
-    monkeypatch.setattr(app.solver, "ITERATION_BATCH", 1)
+    monkeypatch.setattr(app.sim.solver, "ITERATION_BATCH", 1)
     single = run()
     assert single[2] > 10  # in contact, or the iterations would do nothing
     for batch in (5, 4, 2):  # 5 + 1 + 1, 4 + 1 + 1 + 1, 2 + 2 + 2 + 1: odd and even batches
-        monkeypatch.setattr(app.solver, "ITERATION_BATCH", batch)
+        monkeypatch.setattr(app.sim.solver, "ITERATION_BATCH", batch)
         batched = run()
         assert np.array_equal(batched[0], single[0]) and np.array_equal(batched[1], single[1]), batch
     sim.load(_small_pile("vla"))
-
-
-def test_sim_bench_repeats_take_turns_and_report_medians():
-    # bench sim --repeats: storages alternate going first, and each case reports its median run with the range.
-    from bench.sim_bench import _schedule, summarize
-
-    order = [(rep, s) for rep, s, _ in _schedule([("vla", ()), ("padded", ()), ("dynamic", ())], 3)]
-    assert order == [(0, "vla"), (0, "padded"), (0, "dynamic"), (1, "padded"), (1, "dynamic"), (1, "vla"),
-                     (2, "dynamic"), (2, "vla"), (2, "padded")]
-    runs = [{"scene": "p", "storage": st, "ms_per_step": ms, "repeat": i}
-            for i, (st, ms) in enumerate([("vla", 3.4), ("padded", 4.2), ("vla", 3.9), ("padded", 3.8),
-                                          ("vla", 3.3), ("padded", 4.1), ("vla", 3.5), ("padded", 9.0)])]
-    runs.append({"scene": "q", "storage": "dynamic", "error": "exit code -6"})
-    by = {(r["scene"], r["storage"]): r for r in summarize(runs)}
-    assert (by["p", "vla"]["ms_per_step"], by["p", "vla"]["ms_min"], by["p", "vla"]["ms_max"]) == (3.4, 3.3, 3.9)
-    assert by["p", "padded"]["ms_per_step"] == 4.1 and by["p", "padded"]["repeats"] == 4  # lower middle of 4
-    assert "error" in by["q", "dynamic"]
 
 
 def test_dynamic_storage_sizes_taichis_sparse_pool_or_says_which_knob():
     # Taichi's dynamic SNode takes its chunks from a pool fixed at ti.init (1 GB by default on CUDA); pile_1m
     # ran it dry (a device-side assert). run.py now sizes the pool for a dynamic scene, and a Simulation made
     # under a smaller pool is refused with the knob's name instead of crashing thousands of steps later.
-    from app.contacts import CONTACT_RECORD_BYTES, dynamic_pool_gb, sparse_pool_problem, taichi_pool_gb
+    from app.sim.contacts import CONTACT_RECORD_BYTES, dynamic_pool_gb, sparse_pool_problem
+    from app.sim.simulation import taichi_pool_gb
 
     # every list full, chunk-rounded (32 -> 32, 33 -> 40 with chunks of 8), doubled, + Taichi's default 1 GB
     assert dynamic_pool_gb(2**20, 32, 8, 60) == pytest.approx(1 + 2 * 2**20 * 32 * 60 / 2**30)
@@ -380,7 +365,7 @@ def test_dynamic_storage_sizes_taichis_sparse_pool_or_says_which_knob():
 
 
 def test_nan_contact_is_reported_through_fixed_point_sums():
-    # The solver sums impulses as integers (app.solver.FIXED_ONE), where a NaN would become some number (0 on
+    # The solver sums impulses as integers (app.sim.solver.FIXED_ONE), where a NaN would become some number (0 on
     # CUDA, the most negative integer on x86: a huge but finite speed). A contact whose point turns NaN,
     # before kernel_prepare or between it and the Jacobi iterations, must still reach the health check as a
     # NaN (error kind 1), naming the body, as a float sum would have. Run with fast math (Taichi's default,
@@ -388,7 +373,7 @@ def test_nan_contact_is_reported_through_fixed_point_sums():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "nan_probe.py"), "prepare", "iterations"],
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "sim" / "nan_probe.py"), "prepare", "iterations"],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)  # a cold compile: minutes
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(("prepare:", "iterations:"))]
     assert len(lines) == 2, out.stdout + out.stderr
@@ -625,7 +610,7 @@ def test_resort_changes_no_motion_bit_for_bit(sim, padded_sim, kind):
     ref, _ = _run_recording(s, scene, 300)
     got, orders = _run_recording(s, scene, 300, resort_at=(120, 121, 200))
     assert not np.array_equal(orders[0], orders[1]), "the first resort must change the stored order"
-    assert int(s.contacts.contact_total[None]) > 30, "the pile must be in contact for this to mean anything"
+    assert int(s.diagnostics.contact_total[None]) > 30, "the pile must be in contact for this to mean anything"
     for step, (a, b) in enumerate(zip(ref, got)):
         for x, y in zip(a, b):
             assert np.array_equal(x, y), f"step {step}: differs after a resort"
@@ -675,9 +660,11 @@ def test_resort_keeps_host_views_errors_and_added_bodies(sim):
     assert np.array_equal(sim.positions(), ref_pos)
     for key, val in sim.shapes().items():
         assert np.array_equal(val, ref_shapes[key]), key
-    # device fields agree with the host mirror, row by row, in the new stored order
-    assert np.array_equal(sim.model.body_shape.to_numpy()[:sim.body_count], sim.model.host["shape"])
-    assert np.allclose(sim.model.body_mass.to_numpy()[:sim.body_count], sim.model.host["mass"])
+    # the model's device fields are the builder's rows (scene order), row by row in the new stored order
+    rows = sim.builder.bodies
+    assert np.array_equal(sim.model.body_shape.to_numpy()[:sim.body_count], rows["shape"][sim.scene_of])
+    assert np.array_equal(sim.model.body_mass.to_numpy()[:sim.body_count],
+                          rows["mass"][sim.scene_of].astype(np.float32))
 
     # add bodies after a resort: the new ones keep their own shapes; the old ones theirs
     sim.resort()
@@ -694,9 +681,9 @@ def test_resort_keeps_host_views_errors_and_added_bodies(sim):
     # an explosion found before a resort is reported by scene index after it
     sim.resort()
     victim = 7
-    sim.health.error_body[None] = int(sim.internal_of[victim])
-    sim.health.error_step[None] = 151
-    sim.health.error_kind[None] = 1
+    sim.diagnostics.error_body[None] = int(sim.internal_of[victim])
+    sim.diagnostics.error_step[None] = 151
+    sim.diagnostics.error_kind[None] = 1
     sim.resort()
     with pytest.raises(SimulationError) as ei:
         sim.check()
@@ -760,7 +747,7 @@ def test_bodies_stored_by_shape_and_z_order_read_back_in_scene_order(sim):
     # Bodies listed in an order that scatters them in space are stored by shape (spheres first), each shape
     # along a Z-order curve (storage_order), yet every host accessor, and the body named in an error, speak
     # scene order.
-    from app.sim import spatial_order, storage_order
+    from app.sim.reorder import spatial_order, storage_order
 
     rng = np.random.default_rng(3)
     lattice = np.stack(np.meshgrid(np.arange(5), np.arange(3), np.arange(4), indexing="ij"), -1).reshape(-1, 3)
@@ -843,11 +830,11 @@ def test_grid_body_order_is_a_permutation_sorted_by_bucket(sim):
 def _contact_set(sim):
     """Grid, candidate pairs and narrowphase on the current state into a fresh contact generation: the set of
     (stored body, other, feature, depth) of every record."""
-    from app.narrowphase import find_contacts
+    from app.sim.narrowphase import find_contacts
 
     sim.contacts.begin_step(sim.body_count)
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     offsets, values = sim.contacts.lists.to_csr()
     base = sim.contacts.base
     out = set()
@@ -949,17 +936,17 @@ def test_steps_checked_later_are_redone_from_the_failed_one_to_the_same_bits(sim
 
 def test_solver_motion_does_not_depend_on_list_order(sim):
     # Threads append contacts in whatever order they race; the solver sums each list in fixed point
-    # (app.solver.FIXED_ONE) and finds warm-start partners by key, so one step from the same state and the
+    # (app.sim.solver.FIXED_ONE) and finds warm-start partners by key, so one step from the same state and the
     # same contacts, with every list's records (both generations) in another order, must give bit-identical
     # velocities and poses.
-    from app.narrowphase import find_contacts
+    from app.sim.narrowphase import find_contacts
 
     sim.load(_small_pile("vla"))
     for _ in range(300):  # landed: many lists with several records, and a previous generation to warm-start from
         sim.step()
     sim.contacts.flip()
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     st = sim.state
     fields = (st.body_pos, st.body_quat, st.body_vel, st.body_omega)
     state0 = [f.to_numpy() for f in fields]
@@ -969,7 +956,7 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
     def solve():
         for f, a in zip(fields, state0):
             f.from_numpy(a)
-        sim.solver.step(st, st, sim.contacts, sim.dt, sim.step_count, sim.health)
+        sim.solver.step(st, st, sim.contacts, sim.dt)
         return [f.to_numpy() for f in fields]
 
     first = solve()
@@ -995,7 +982,7 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
     # The narrowphase gives each new contact the impulses of last step's record of the same pair and feature,
     # from one of the pair's two lists (both copies were solved alike). Reference: each body's own last list,
     # as a dict per body in plain Python; lists of more than 8 records must be among those checked.
-    from app.narrowphase import find_contacts
+    from app.sim.narrowphase import find_contacts
 
     # a 3 x 2 x 3 block of touching boxes on a floor: a box in the middle has up to 4 points with each of its
     # neighbours and so lists of ~20 records, beside the pile's short ones
@@ -1007,7 +994,7 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
         sim.step()
     sim.contacts.flip()
     sim.grid.build(sim.model, sim.state)
-    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.dt)
+    find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     lists, c = sim.contacts.lists, sim.contacts
     offsets, cur = lists.to_csr()
     prev = cur
@@ -1042,7 +1029,7 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
 
 
 def _decode_normal_ref(code):
-    """numpy (float64) reference of app.math3d.decode_normal: octahedral coordinates in two 16-bit halves."""
+    """numpy (float64) reference of app.sim.math3d.decode_normal: octahedral coordinates in two 16-bit halves."""
     code = int(code) & 0xFFFFFFFF
     qx, qy = code & 0xFFFF, code >> 16
     px, py = [(q - 0x10000 if q >= 0x8000 else q) / 32767.0 for q in (qx, qy)]
@@ -1054,7 +1041,7 @@ def _decode_normal_ref(code):
 
 
 def _encode_normal_ref(n):
-    """numpy reference of app.math3d.encode_normal (float64, so a component may round the other way at a tie)."""
+    """numpy reference of app.sim.math3d.encode_normal (float64, so a component may round the other way at a tie)."""
     n = np.asarray(n, np.float64)
     p = n[:2] / np.abs(n).sum()
     if n[2] < 0:
@@ -1064,18 +1051,18 @@ def _encode_normal_ref(n):
 
 
 def _record_normal_ref(code, feature):
-    """numpy reference of app.contacts.record_normal: the code stores the normal that pushes the pair's first
+    """numpy reference of app.sim.contacts.record_normal: the code stores the normal that pushes the pair's first
     body (or the body, against a plane); the second body's copy, flagged in its feature, negates it."""
     return _decode_normal_ref(code) * (-1.0 if int(feature) & SECOND_COPY else 1.0)
 
 
 def test_normal_code_round_trips_within_7e_5_rad_and_axes_exactly(sim):
-    # A contact record keeps its normal in 32 bits (app.math3d.encode_normal): the decoded normal must be unit,
+    # A contact record keeps its normal in 32 bits (app.sim.math3d.encode_normal): the decoded normal must be unit,
     # within 7e-5 rad of the original (the octahedral map's worst case with 16-bit coordinates: 6.4e-5 in float64
     # on 2M random normals, plus f32 rounding), exact on the six axes (resting contacts on floors and walls keep
     # exact normals), and the codes must match a numpy reference (one step of 1/32767 where a float rounds at a
     # tie). Normals: random, both hemispheres, on and near the fold (z ~ 0) and the octahedron's edges (x or y ~ 0).
-    from app.math3d import decode_normal, encode_normal
+    from app.sim.math3d import decode_normal, encode_normal
 
     rng = np.random.default_rng(21)
     n = rng.normal(size=(4000, 3))
@@ -1113,7 +1100,7 @@ def test_normal_code_round_trips_within_7e_5_rad_and_axes_exactly(sim):
 
 
 def _tangents_ref(n):
-    """numpy reference of app.math3d.contact_tangents (float64)."""
+    """numpy reference of app.sim.math3d.contact_tangents (float64)."""
     flip = n[1] < 0 or (n[1] == 0 and (n[0] < 0 or (n[0] == 0 and n[2] < 0)))
     s = -1.0 if flip else 1.0
     m = s * n
@@ -1129,7 +1116,7 @@ def test_contact_tangents_are_an_orthonormal_basis_mirrored_exactly(sim):
     # (-t1, t2) bit for bit (the two copies of a pair contact store their friction impulse in these bases).
     # Normals: random, the axes with +-0.0 components, and near the canonical flip (y ~ 0) and the basis's
     # own seam (z ~ 0).
-    from app.math3d import contact_tangents
+    from app.sim.math3d import contact_tangents
 
     rng = np.random.default_rng(8)
     n = rng.normal(size=(200, 3))
@@ -1195,8 +1182,8 @@ def test_pair_contact_copies_hold_opposite_impulses_bit_for_bit(sim):
 def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
     # SolverBody keeps the world inverse inertia R diag(I^-1) R^T as 6 numbers: sym_mul(sym_pack(M), x) must
     # equal M @ x for the matrices world_inv_inertia builds (random orientations and box inertias).
-    from app.math3d import quat_to_mat, world_inv_inertia
-    from app.solver import sym_mul, sym_pack
+    from app.sim.math3d import quat_to_mat, world_inv_inertia
+    from app.sim.solver import sym_mul, sym_pack
 
     rng = np.random.default_rng(5)
     q = rng.normal(size=(64, 4)).astype(np.float32)
@@ -1229,9 +1216,9 @@ def test_solver_body_symmetric_inertia_matches_full_matrix(sim):
 
 
 def test_solver_records_pack_into_words_bit_for_bit(sim):
-    # The solver keeps SolverBody and Motion as six u64 words each (app.solver_body); every member must come
+    # The solver keeps SolverBody and Motion as six u64 words each (app.sim.solver_records); every member must come
     # back with the same bits and in its own place (random bit patterns: NaN payloads and -0.0 included).
-    from app.solver_body import Motion, SolverBody, pack_body, pack_motion, unpack_body, unpack_motion
+    from app.sim.solver_records import Motion, SolverBody, pack_body, pack_motion, unpack_body, unpack_motion
 
     bits = np.random.default_rng(11).integers(0, 2**32, size=(32, 2, 12), dtype=np.uint64).astype(np.uint32)
     src = bits.view(np.float32)
@@ -1273,7 +1260,7 @@ def test_candidate_pairs_match_brute_force(sim):
     for _ in range(400):  # landed (a 1.6 m fall takes 0.57 s = 285 steps)
         sim.step()
     sim.grid.build(sim.model, sim.state)
-    from app.broadphase import kernel_candidate_pairs
+    from app.sim.broadphase import kernel_candidate_pairs
     from vla import launch
 
     launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
@@ -1283,7 +1270,7 @@ def test_candidate_pairs_match_brute_force(sim):
 
 def _assert_pairs_match_brute_force(sim):
     """grid.pairs (just filled) against an O(n^2) numpy reference, in scene order; returns the reference."""
-    from app.broadphase import PAIR_CLASSES
+    from app.sim.broadphase import PAIR_CLASSES
 
     g = sim.grid
     n = sim.body_count
@@ -1329,10 +1316,10 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
     # Five large bodies (a fixed box, a fixed sphere, two dynamic boxes that touch each other, and a fixed sphere
     # just over the threshold, whose touching neighbours lie in the cells its own search visits: the median radius
     # is the small spheres', the cells are sized for the boxes) among 300 small spheres and boxes. The cells are
-    # sized for the small bodies (app.model.grid_radius), and the pairs with a large body, which the cell search
+    # sized for the small bodies (app.sim.model.grid_radius), and the pairs with a large body, which the cell search
     # skips, come from the large-body pass: the pairs must still match the O(n^2) brute force, each once, with
     # large-small and large-large pairs among them.
-    from app.model import LARGE_RADIUS_FACTOR
+    from app.sim.model import LARGE_RADIUS_FACTOR
 
     scene = scene_from_dict({
         "name": "large", "sim": {"dt": 0.002}, "materials": {"m": {}},
@@ -1353,12 +1340,12 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
                     "max": [1.9, 2.6, 1.9], "half_extents": [0.05, 0.04, 0.05], "material": "m"}]})
     sim.load(scene)
     radius = sim.shapes()["radius"]
-    assert sim.model.host["large_bodies"] == 5
+    assert sim.builder.large_body_count() == 5
     assert (radius[:5] > LARGE_RADIUS_FACTOR * np.median(radius)).all()
     # cells for the small bodies (2 x 1.02 x their largest radius + 2 margins), not for the 0.87 m box
     small_r = float(radius[5:].max())
     assert float(sim.model.grid_cell_size[None]) < 2.1 * small_r + 2 * float(sim.model.contact_margin[None]) + 1e-5
-    from app.broadphase import kernel_candidate_pairs
+    from app.sim.broadphase import kernel_candidate_pairs
     from vla import launch
 
     for steps in (0, 250):   # as placed, then with the small bodies landed on the large ones and the floor
@@ -1376,7 +1363,7 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
     raw = dict(scene.raw)
     raw["sim"] = dict(raw["sim"], large_body_factor=0)
     sim.load(scene_from_dict(raw))
-    assert sim.model.host["large_bodies"] == 0
+    assert sim.builder.large_body_count() == 0
     assert float(sim.model.grid_large_radius[None]) == pytest.approx(float(radius.max()))
     sim.grid.build(sim.model, sim.state)
     launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
@@ -1388,7 +1375,7 @@ def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init;
     # cells share buckets (the wrap-around). Pairs must still match the brute force, each exactly once. The
     # pairs VLA has an 8-element overflow area, so the first narrowphase loses pending pairs: vla.launch
     # grows the pool and re-runs both kernels, and the packed-pair buffer must follow the larger pool.
-    from app.broadphase import PAIR_CLASSES
+    from app.sim.broadphase import PAIR_CLASSES
     from app.sim import Simulation
     from vla import VLA
 
@@ -1420,17 +1407,3 @@ def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init;
     assert {c for c, _, _ in ref} == {0, 1, 2}
     sim.contacts.flip()
     assert _contact_set(sim) == first and len(first) > len(bodies)  # a roomy second run: the same contacts
-
-
-
-
-def test_lane_use_statistic():
-    # bench lanes' formula: useful lane-iterations over the lane-iterations a warp lasts (its longest list)
-    from bench.lanes_bench import lane_use
-
-    assert lane_use(np.full(64, 5), np.arange(64)) == 1.0
-    counts = np.arange(32)
-    assert lane_use(counts, np.arange(32)) == pytest.approx(counts.sum() / (32 * 31))
-    two = np.concatenate([np.zeros(32, int), np.full(32, 4)])  # grouped: one idle warp, one full one
-    mixed = np.arange(64).reshape(2, 32).T.reshape(-1)  # interleaved: both warps last 4 iterations
-    assert lane_use(two, np.arange(64)) == 1.0 and lane_use(two, mixed) == 0.5

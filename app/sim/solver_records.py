@@ -1,6 +1,6 @@
 """Per-body records of the contact solver, and their packing into 64-bit words.
 
-Gathered by every contact in every Jacobi iteration (app.solver), so their layout decides much of the
+Gathered by every contact in every Jacobi iteration (app.sim.solver), so their layout decides much of the
 iteration's memory traffic.
 """
 

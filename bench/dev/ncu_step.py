@@ -1,6 +1,6 @@
 """Run one simulator step of a landed scene between cuProfilerStart/Stop, for Nsight Compute.
 
-    ncu --profile-from-start off --set basic -o OUT python -m bench.ncu_step [--scene pile_1m] [--warmup 1055]
+    ncu --profile-from-start off --set basic -o OUT python -m bench.dev.ncu_step [--scene pile_1m] [--warmup 1055]
         [--storage vla]
 
 The warm-up steps run unprofiled (ncu only intercepts them); the step after them is the one profiled, so the
@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.ncu_step", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.dev.ncu_step", description=__doc__.splitlines()[0])
     p.add_argument("--scene", default="pile_1m")
     p.add_argument("--warmup", type=int, default=1055)
     p.add_argument("--storage", default="vla")

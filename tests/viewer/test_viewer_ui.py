@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from app.viewer import vulkan_problem
+from app.viewer.display import vulkan_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "tests", "data", "viewer_tiny.yaml")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "tests", "viewer", "viewer_tiny.yaml")
 W, H = 480, 360
 READY_TIMEOUT_S = 240   # first frame includes compiling the simulator's kernels on a cold cache
 ACTION_TIMEOUT_S = 60   # a key press is handled at the next frame; a frame can include a kernel compile

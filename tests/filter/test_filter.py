@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from app.filter_ref import GAUSSIAN_RADIUS_SIGMAS, kernel_weights, reference_filter, scipy_filter, weight_lists
+from app.filter.reference import GAUSSIAN_RADIUS_SIGMAS, kernel_weights, reference_filter, scipy_filter, weight_lists
 
 #: float32 accumulation of at most (2*3+1)^2 = 49 taps of values in [0, 1] is off by ~1e-7; the issue's
 #: bound for "matches the numpy reference"
@@ -74,7 +74,7 @@ def test_reference_constant_radius_equals_scipy_gaussian():
 # -- Taichi methods ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("channels", [1, 3, 4])
 def test_methods_match_numpy_reference(ti_cpu, channels):
-    from app.filter_engine import FilterEngine
+    from app.filter.engine import FilterEngine
 
     h, w, max_r = 19, 23, 3
     img = _image(h, w, channels, seed=channels)
@@ -94,7 +94,7 @@ def test_methods_match_numpy_reference(ti_cpu, channels):
 
 
 def test_constant_radius_map_equals_gaussian_blur(ti_cpu):
-    from app.filter_engine import FilterEngine
+    from app.filter.engine import FilterEngine
 
     img = _image(21, 16, 3, seed=3)
     engine = FilterEngine(21, 16, 3, 4)
@@ -105,7 +105,7 @@ def test_constant_radius_map_equals_gaussian_blur(ti_cpu):
 
 
 def test_disk_kernel_and_tiny_images(ti_cpu):
-    from app.filter_engine import FilterEngine
+    from app.filter.engine import FilterEngine
 
     for h, w in ((1, 1), (1, 9), (6, 2)):
         img = _image(h, w, 3, seed=h * w)
@@ -121,7 +121,7 @@ def test_shared_memory_kernels_emulated_on_cpu(ti_cpu, channels, specialise):
     """vla-shared and vla-shared-x4 run on CUDA only; emulated here (every thread stages a private copy
     of its block's shared memory, no barrier), which checks their staging and tap indexing, the runs of
     4 pixels (uniform and mixed radii), the image's ragged last tiles and the generic-loop path."""
-    from app.filter_engine import FilterEngine
+    from app.filter.engine import FilterEngine
 
     h, w, max_r = 41, 50, 3
     img = _image(h, w, channels, seed=21)
@@ -138,7 +138,7 @@ def test_shared_memory_kernels_emulated_on_cpu(ti_cpu, channels, specialise):
 
 
 def test_shared_method_refuses_cpu(ti_cpu):
-    from app.filter_engine import FilterEngine
+    from app.filter.engine import FilterEngine
 
     engine = FilterEngine(4, 4, 1, 1)
     assert engine.unavailable("vla-shared") and engine.unavailable("vla-shared-x4") and engine.best_vla_method() == "vla-flat"

@@ -6,9 +6,9 @@
 A first call compiles (Taichi builds the kernel's intermediate code from Python, then generates machine code)
 and runs the kernel once on a 40-body pile, whose run time is negligible beside the compile. Without
 --offline-cache, Taichi's disk cache is off, so every kernel compiles in full. --taichi-optimisations: Taichi's
-own IR optimisations (ti.init's advanced_optimization) as the app runs them (app.headless.taichi_options:
-off on the CPU since session 18), on, or off. --frontend-cache: the app's caches of Taichi's front end
-(app.frontend_cache, on as the app runs) or Taichi as it comes. Prints the kernels by compile time and the total.
+own IR optimisations (ti.init's advanced_optimization) as the app runs them (app.runtime.taichi_options: off on
+the CPU), on, or off. --frontend-cache: app.frontend_cache's caches of Taichi's front end (off as the app runs
+unless SMOLVLA_FRONTEND_CACHE=1) or Taichi as it comes. Prints the kernels by compile time and the total.
 """
 import argparse
 import collections
@@ -22,19 +22,19 @@ def main(argv=None) -> int:
                    help="Taichi's advanced_optimization: as the app runs it (default), on or off")
     p.add_argument("--offline-cache", action="store_true", help="use Taichi's disk cache (default: off)")
     p.add_argument("--storage", choices=("vla", "padded", "dynamic"), default="vla", help="contact storage")
-    p.add_argument("--frontend-cache", choices=("on", "off"), default="on",
-                   help="app.frontend_cache's caches of Taichi's front end (default on, as the app runs)")
+    p.add_argument("--frontend-cache", choices=("on", "off"), default="off",
+                   help="app.frontend_cache's caches of Taichi's front end (default off, as the app runs)")
     p.add_argument("--top", type=int, default=12, help="how many kernels to list")
     args = p.parse_args(argv)
     if args.frontend_cache == "on":
         from app.frontend_cache import install
 
-        install()
+        install(force=True)
 
     import taichi as ti
     from taichi.lang import kernel_impl
 
-    from app.headless import taichi_options
+    from app.runtime import taichi_options
 
     options = taichi_options(args.arch)
     if args.taichi_optimisations != "app":

@@ -1,0 +1,198 @@
+"""Generators of a scene's bodies (grid, random, pyramid, stack), expanded into per-body numpy rows in scene
+order."""
+from __future__ import annotations
+
+import numpy as np
+
+from app.scene.schema import (GEN_KEYS, SHAPE_BOX, SHAPE_SPHERE, SHAPES, bool_ as _bool, material as _material,
+                              num as _num, str_ as _str, vec as _vec, check_keys as _check_keys)
+
+
+class Bodies:
+    """Accumulates bodies row by row (scene order)."""
+
+    def __init__(self):
+        self.rows = {k: [] for k in ("shape", "radius", "half_extents", "position", "orientation", "velocity",
+                                     "angular_velocity", "material", "fixed")}
+        self.blocks = []
+
+    def add(self, shape, radius, half, pos, quat, vel, omega, mat, fixed):
+        r = self.rows
+        r["shape"].append(shape)
+        r["radius"].append(radius)
+        r["half_extents"].append(half)
+        r["position"].append(pos)
+        r["orientation"].append(quat)
+        r["velocity"].append(vel)
+        r["angular_velocity"].append(omega)
+        r["material"].append(mat)
+        r["fixed"].append(fixed)
+
+    def add_many(self, shape, radius, half, pos, quat, vel, omega, mat, fixed):
+        """Append a block of rows (numpy arrays); keeps scene order."""
+        self._flush()
+        self.blocks.append({"shape": shape, "radius": radius, "half_extents": half, "position": pos,
+                            "orientation": quat, "velocity": vel, "angular_velocity": omega, "material": mat,
+                            "fixed": fixed})
+
+    _WIDTH = {"half_extents": 3, "position": 3, "orientation": 4, "velocity": 3, "angular_velocity": 3}
+    _DTYPE = {"shape": np.int32, "material": np.int32, "fixed": bool}
+
+    def _flush(self):
+        r = self.rows
+        n = len(r["shape"])
+        if n:
+            self.blocks.append({k: np.asarray(v, self._DTYPE.get(k, np.float64)).reshape(
+                (n, self._WIDTH[k]) if k in self._WIDTH else (n,)) for k, v in r.items()})
+            for v in r.values():
+                v.clear()
+
+    def arrays(self):
+        self._flush()
+        out = {}
+        for k in self.rows:
+            shape = (0, self._WIDTH[k]) if k in self._WIDTH else (0,)
+            parts = [np.asarray(b[k], self._DTYPE.get(k, np.float64)) for b in self.blocks]
+            out[k] = np.concatenate(parts, 0) if parts else np.zeros(shape, self._DTYPE.get(k, np.float64))
+        return out
+
+
+def _random_quat(rng):
+    q = rng.normal(size=4)
+    return (q / np.linalg.norm(q)).tolist()
+
+
+def shape_size(ctx, key, b):
+    """(shape id, radius, half extents) of a body or generator entry; the unused size is filled from the
+    used one so that every body has both (radius = bounding radius for boxes)."""
+    shape = _str(ctx, f"{key}.shape", b.get("shape"), tuple(SHAPES)) if "shape" in b else ctx.fail(
+        f"{key}.shape", "this key (sphere | box)", have_got=False)
+    if shape == "sphere":
+        if "radius" not in b:
+            ctx.fail(f"{key}.radius", "this key (a number > 0) for a sphere", have_got=False)
+        if "half_extents" in b:
+            ctx.fail(f"{key}.half_extents", "no half_extents on a sphere (use radius)", have_got=False)
+        r = _num(ctx, f"{key}.radius", b["radius"], positive=True)
+        return SHAPE_SPHERE, r, [r, r, r]
+    if "half_extents" not in b:
+        ctx.fail(f"{key}.half_extents", "this key (a list of 3 numbers > 0) for a box", have_got=False)
+    if "radius" in b:
+        ctx.fail(f"{key}.radius", "no radius on a box (use half_extents)", have_got=False)
+    h = _vec(ctx, f"{key}.half_extents", b["half_extents"], 3, positive=True)
+    return SHAPE_BOX, float(np.linalg.norm(h)), h
+
+
+def expand_generator(ctx, key, g, acc, material_index, rng):
+    kind = _str(ctx, f"{key}.generate", g["generate"], tuple(GEN_KEYS))
+    _check_keys(ctx, key, g, GEN_KEYS[kind])
+    names = set(material_index)
+    vel = _vec(ctx, f"{key}.velocity", g.get("velocity", [0, 0, 0]))
+    omega = _vec(ctx, f"{key}.angular_velocity", g.get("angular_velocity", [0, 0, 0]))
+    fixed = _bool(ctx, f"{key}.fixed", g.get("fixed", False))
+    ident = [1.0, 0.0, 0.0, 0.0]
+
+    if kind == "random":
+        # Non-overlapping by construction: bodies take distinct slots of a lattice over [min, max], each
+        # slot wide enough for the largest body, so the pile never starts interpenetrated.
+        if "materials" in g and "material" in g:
+            ctx.fail(f"{key}.materials", "either material or materials, not both", have_got=False)
+        if "materials" in g:
+            ml = g["materials"]
+            if not isinstance(ml, list) or not ml:
+                ctx.fail(f"{key}.materials", "a non-empty list of material names", ml)
+            mats = [material_index[_material(ctx, f"{key}.materials[{i}]", m, names)] for i, m in enumerate(ml)]
+        else:
+            if "material" not in g:
+                ctx.fail(f"{key}.material", "this key (or materials: [..])", have_got=False)
+            mats = [material_index[_material(ctx, f"{key}.material", g["material"], names)]]
+        count = _num(ctx, f"{key}.count", g.get("count"), integer=True, low=1)
+        lo = np.asarray(_vec(ctx, f"{key}.min", g.get("min")), np.float64)
+        hi = np.asarray(_vec(ctx, f"{key}.max", g.get("max")), np.float64)
+        if np.any(hi <= lo):
+            ctx.fail(f"{key}.max", "max > min on every axis", g.get("max"))
+        shape_name = g.get("shape", "sphere")
+        _str(ctx, f"{key}.shape", shape_name, ("sphere", "box", "mixed"))
+        r = _num(ctx, f"{key}.radius", g["radius"], positive=True) if "radius" in g else None
+        h = _vec(ctx, f"{key}.half_extents", g["half_extents"], 3, positive=True) if "half_extents" in g else None
+        if shape_name in ("sphere", "mixed") and r is None:
+            ctx.fail(f"{key}.radius", "this key for spheres", have_got=False)
+        if shape_name in ("box", "mixed") and h is None:
+            ctx.fail(f"{key}.half_extents", "this key for boxes", have_got=False)
+        box_fraction = {"sphere": 0.0, "box": 1.0}.get(shape_name)
+        if box_fraction is None:
+            box_fraction = _num(ctx, f"{key}.box_fraction", g.get("box_fraction", 0.5), nonneg=True, high=1.0)
+        sj = _num(ctx, f"{key}.size_jitter", g.get("size_jitter", 0.0), nonneg=True, high=0.9)
+        rand_orient = _bool(ctx, f"{key}.random_orientation", g.get("random_orientation", True))
+        bound = max(r or 0.0, float(np.linalg.norm(h)) if h is not None else 0.0)
+        cell = 2.0 * bound * 1.05
+        dims = np.maximum(1, np.floor((hi - lo) / cell).astype(np.int64))
+        slots = int(np.prod(dims))
+        if slots < count:
+            ctx.fail(f"{key}.count", f"at most {slots} bodies (the region [min, max] holds {slots} "
+                                     f"non-overlapping slots of {cell:.4g} m)", count)
+        pick = rng.choice(slots, size=count, replace=False) if slots > count else rng.permutation(slots)
+        pick.sort()  # fill from the bottom up (y is the slowest index below)
+        ix = pick % dims[0]
+        iz = (pick // dims[0]) % dims[2]
+        iy = pick // (dims[0] * dims[2])
+        pos = lo + (np.stack([ix, iy, iz], 1) + 0.5) * cell
+        scale = 1.0 - sj * rng.random(count)
+        mat = np.asarray(mats, np.int32)[rng.integers(len(mats), size=count)]
+        if rand_orient:
+            q = rng.normal(size=(count, 4))
+            q /= np.linalg.norm(q, axis=1, keepdims=True)
+        else:
+            q = np.tile(ident, (count, 1))
+        is_box = rng.random(count) < box_fraction
+        half = np.where(is_box[:, None], np.asarray(h if h is not None else [1, 1, 1], np.float64)[None] * scale[:, None],
+                        (r or 1.0) * scale[:, None] * np.ones((1, 3)))
+        radius = np.where(is_box, np.linalg.norm(half, axis=1), (r or 1.0) * scale)
+        acc.add_many(np.where(is_box, SHAPE_BOX, SHAPE_SPHERE), radius, half, pos, q,
+                     np.tile(vel, (count, 1)), np.tile(omega, (count, 1)), mat, np.full(count, fixed))
+        return
+
+    shape, r, h = shape_size(ctx, key, g)
+    if "material" not in g:
+        ctx.fail(f"{key}.material", "this key", have_got=False)
+    mat = material_index[_material(ctx, f"{key}.material", g["material"], names)]
+    ext = np.asarray(h, np.float64)  # half size along x, y, z (spheres: r, r, r)
+
+    if kind == "grid":
+        count = _vec(ctx, f"{key}.count", g.get("count"), 3, positive=True, integer=True)
+        origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
+        min_spacing = 2 * (r if shape == SHAPE_SPHERE else float(np.linalg.norm(h)))
+        spacing = _num(ctx, f"{key}.spacing", g.get("spacing", min_spacing * 1.05), positive=True)
+        jitter = _num(ctx, f"{key}.jitter", g.get("jitter", 0.0), nonneg=True)
+        rand_orient = _bool(ctx, f"{key}.random_orientation", g.get("random_orientation", False))
+        if spacing - 2 * jitter < (2 * r if shape == SHAPE_SPHERE else 2 * float(np.max(h))) and not rand_orient:
+            ctx.fail(f"{key}.spacing", "spacing - 2*jitter >= the body's size so bodies do not start "
+                                       "overlapping", spacing)
+        for iy in range(count[1]):
+            for iz in range(count[2]):
+                for ix in range(count[0]):
+                    p = origin + spacing * np.array([ix, iy, iz], np.float64)
+                    if jitter:
+                        p = p + rng.uniform(-jitter, jitter, 3)
+                    q = _random_quat(rng) if rand_orient else ident
+                    acc.add(shape, r, h, p.tolist(), q, vel, omega, mat, fixed)
+    elif kind == "stack":
+        count = _num(ctx, f"{key}.count", g.get("count"), integer=True, low=1)
+        origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
+        gap = _num(ctx, f"{key}.gap", g.get("gap", 0.0), nonneg=True)
+        # origin is the bottom centre of the stack (on the floor when origin.y = 0).
+        for k in range(count):
+            p = origin + np.array([0.0, ext[1] + k * (2 * ext[1] + gap), 0.0])
+            acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
+    elif kind == "pyramid":
+        levels = _num(ctx, f"{key}.levels", g.get("levels"), integer=True, low=1)
+        origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
+        gap = _num(ctx, f"{key}.gap", g.get("gap", 0.0), nonneg=True)
+        # A 2-D pyramid in the x-y plane: level k has levels-k bodies, offset by half a body. `gap` separates
+        # neighbours within a level; levels rest exactly on each other.
+        w = 2 * ext[0] + gap
+        for k in range(levels):
+            n = levels - k
+            for c in range(n):
+                x = (c - (n - 1) / 2.0) * w
+                p = origin + np.array([x, ext[1] + k * 2 * ext[1], 0.0])
+                acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)

@@ -1,0 +1,196 @@
+"""The scene schema: what a scene file may hold, its defaults, the validated Scene, and the checks that name the
+file, the key and what was expected. Nothing here imports Taichi."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.errors import UserError
+
+SHAPE_SPHERE = 0
+SHAPE_BOX = 1
+SHAPES = {"sphere": SHAPE_SPHERE, "box": SHAPE_BOX}
+CONTACT_STORAGES = ("vla", "padded", "dynamic")
+ARCHS = ("auto", "cpu", "cuda")
+
+# Defaults for every `sim` key. The first seven are the issue's schema; the rest are solver knobs
+# a scene may set (documented in scenes/README.md). None means "derived from the bodies" (see
+# Scene.resolved_sim).
+SIM_DEFAULTS = {
+    "dt": 0.002,
+    "substeps": 8,
+    "gravity": [0.0, -9.81, 0.0],
+    "solver_iterations": 10,
+    "contacts": "vla",
+    "seed": 0,
+    "arch": "auto",
+    "restitution_threshold": 0.5,   # m/s: slower approaches do not bounce (resting contacts stay quiet)
+    "slop": None,                   # m: penetration left uncorrected; default min(5e-4, 0.5% of smallest size)
+    "contact_margin": None,         # m: speculative gap; default min(2e-3, 5% of smallest size)
+    "position_correction": 0.2,     # split-impulse fraction of (depth - slop) removed per step
+    "warm_start": 1.0,              # fraction of last step's impulses applied first (1: full; less loses support in tall stacks)
+    "padded_capacity": 32,          # contacts per body for `contacts: padded` (and the dynamic max)
+    "max_speed": 1000.0,            # m/s: faster than this is an explosion
+    "resort_interval": 500,         # steps between re-sorts of large scenes' bodies in memory (0: never)
+    "large_body_factor": 4.0,       # bodies above this x the median bounding radius skip the grid (0: none do)
+}
+
+MATERIAL_KEYS = {"density": 1000.0, "friction": 0.5, "restitution": 0.1}
+
+
+TOP_KEYS = {"name", "description", "sim", "materials", "static", "bodies", "camera"}
+BODY_KEYS = {"shape", "radius", "half_extents", "position", "velocity", "angular_velocity", "orientation",
+             "material", "fixed"}
+GEN_COMMON = {"generate", "shape", "radius", "half_extents", "material", "velocity", "angular_velocity",
+              "fixed"}
+GEN_KEYS = {
+    "grid": GEN_COMMON | {"count", "origin", "spacing", "jitter", "random_orientation"},
+    "random": GEN_COMMON | {"count", "min", "max", "box_fraction", "size_jitter", "materials",
+                            "random_orientation"},
+    "pyramid": GEN_COMMON | {"levels", "origin", "gap"},
+    "stack": GEN_COMMON | {"count", "origin", "gap"},
+}
+
+
+class Ctx:
+    """Where we are while validating: the file name, for messages."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def fail(self, key, expected, got=None, have_got=True):
+        msg = f"{self.path}: {key}: expected {expected}"
+        if have_got:
+            msg += f", got {got!r}"
+        raise UserError(msg)
+
+
+@dataclass
+class Scene:
+    """A validated, expanded scene.
+
+    Attributes:
+        path: the file it came from ("<dict>" when built in code).
+        name, description: strings.
+        sim: every sim key, defaults filled (see SIM_DEFAULTS); `slop`/`contact_margin` may be None
+            until resolved_sim() derives them.
+        materials: list of dicts {name, density kg/m^3, friction, restitution}; index = material id.
+        material_index: name -> material id.
+        statics: list of dicts {type: plane, normal, offset, material} and {type: container, size,
+            center, material}.
+        bodies: dict of numpy arrays, one row per body in scene order: shape (N,) int32, radius (N,)
+            m, half_extents (N,3) m, position (N,3) m, orientation (N,4) w,x,y,z, velocity (N,3) m/s,
+            angular_velocity (N,3) rad/s, material (N,) int32, fixed (N,) bool.
+        camera: dict or None.
+        raw: the validated mapping (after overrides), for metrics and batch tooling.
+    """
+
+    path: str
+    name: str
+    description: str
+    sim: dict
+    materials: list
+    material_index: dict
+    statics: list
+    bodies: dict
+    camera: dict | None = None
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def body_count(self) -> int:
+        return int(self.bodies["shape"].shape[0])
+
+    def resolved_sim(self) -> dict:
+        """sim with derived defaults filled: slop and contact_margin scale with the smallest body so
+        that tiny bodies are not allowed to sink a large fraction of their size."""
+        s = dict(self.sim)
+        sizes = body_bounding_radius(self.bodies)
+        smallest = float(np.min(_smallest_extent(self.bodies))) if sizes.size else 0.1
+        if s["slop"] is None:
+            s["slop"] = min(5e-4, 0.005 * smallest)
+        if s["contact_margin"] is None:
+            s["contact_margin"] = min(2e-3, 0.05 * smallest)
+        return s
+
+
+def _smallest_extent(bodies):
+    return np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"], bodies["half_extents"].min(axis=1))
+
+
+def body_bounding_radius(bodies) -> np.ndarray:
+    """Radius (m) of each body's bounding sphere: r for spheres, |half_extents| for boxes."""
+    return np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"],
+                    np.linalg.norm(bodies["half_extents"], axis=1)).astype(np.float64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation helpers: each returns the checked value or fails with one line naming the key
+# ----------------------------------------------------------------------------------------------------
+def num(ctx, key, v, positive=False, nonneg=False, integer=False, low=None, high=None):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        ctx.fail(key, "an integer" if integer else "a number", v)
+    if integer and not isinstance(v, int):
+        ctx.fail(key, "an integer", v)
+    if not math.isfinite(v):
+        ctx.fail(key, "a finite number (not NaN or inf)", v)
+    if positive and v <= 0:
+        ctx.fail(key, "a number > 0", v)
+    if nonneg and v < 0:
+        ctx.fail(key, "a number >= 0", v)
+    if low is not None and v < low:
+        ctx.fail(key, f"a number >= {low}", v)
+    if high is not None and v > high:
+        ctx.fail(key, f"a number <= {high}", v)
+    return v
+
+
+def vec(ctx, key, v, n=3, positive=False, nonneg=False, integer=False):
+    if not isinstance(v, (list, tuple)) or len(v) != n:
+        ctx.fail(key, f"a list of {n} {'integers' if integer else 'numbers'}", v)
+    return [num(ctx, f"{key}[{k}]", x, positive=positive, nonneg=nonneg, integer=integer) for k, x in enumerate(v)]
+
+
+def str_(ctx, key, v, choices=None):
+    if not isinstance(v, str):
+        ctx.fail(key, "a string" if choices is None else "one of " + " | ".join(choices), v)
+    if choices is not None and v not in choices:
+        ctx.fail(key, "one of " + " | ".join(choices), v)
+    return v
+
+
+def bool_(ctx, key, v):
+    if not isinstance(v, bool):
+        ctx.fail(key, "true or false", v)
+    return v
+
+
+def mapping(ctx, key, v):
+    if not isinstance(v, dict):
+        ctx.fail(key, "a mapping", v)
+    return v
+
+
+def check_keys(ctx, key, d, allowed, required=()):
+    for k in d:
+        if k not in allowed:
+            ctx.fail(f"{key}.{k}" if key else str(k),
+                     "a known key (unknown key; valid keys: " + ", ".join(sorted(allowed)) + ")", have_got=False)
+    for k in required:
+        if k not in d:
+            ctx.fail(f"{key}.{k}" if key else str(k), "this key (it is required)", have_got=False)
+
+
+def material(ctx, key, v, names):
+    if not isinstance(v, str) or v not in names:
+        ctx.fail(key, "a material defined under materials (" + ", ".join(sorted(names)) + ")", v)
+    return v
+
+
+def quat(ctx, key, v):
+    q = vec(ctx, key, v, 4)
+    n = math.sqrt(sum(x * x for x in q))
+    if n < 1e-9:
+        ctx.fail(key, "a non-zero quaternion [w, x, y, z]", v)
+    return [x / n for x in q]

@@ -1,0 +1,235 @@
+"""Replay of a recorded headless run: a window with a timeline, or frames and video rendered offscreen; a preview
+image of a run's final state.
+
+    python run.py replay OUT_DIR [--speed S] [--video F.mp4 | --render DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from app.errors import UserError
+from app.viewer.display import (DEFAULT_SIZE, OFFSCREEN_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi,
+                                has_display, open_window, parse_size, save_png, vulkan_problem)
+from app.viewer.offscreen import OffscreenView, VideoWriter
+
+
+def load_out_dir(out_dir):
+    """(shapes dict, final poses, trajectory or None, scene or None) from a headless run's output directory.
+    The scene (for static geometry and camera) is reloaded from metrics.json's scene_path when it exists."""
+    state_path = os.path.join(out_dir, "state.npz")
+    if not os.path.isdir(out_dir):
+        raise UserError(f"{out_dir}: not a directory (expected the --out directory of a headless run)")
+    if not os.path.isfile(state_path):
+        raise UserError(f"{out_dir}: no state.npz (expected the --out directory of `python run.py SCENE --headless`)")
+    try:
+        st = np.load(state_path)
+        shapes = {k: st[k] for k in ("shape", "half_extents", "material")}
+        final = (st["position"], st["orientation"])
+    except (OSError, KeyError, ValueError) as e:
+        raise UserError(f"{state_path}: unreadable or missing arrays ({e}); expected shape, half_extents, "
+                        f"material, position, orientation") from None
+    traj = None
+    tpath = os.path.join(out_dir, "trajectory.npz")
+    if os.path.isfile(tpath):
+        try:
+            t = np.load(tpath)
+            traj = {"time": np.asarray(t["time"], np.float64), "position": t["position"],
+                    "orientation": t["orientation"]}
+        except (OSError, KeyError, ValueError) as e:
+            raise UserError(f"{tpath}: unreadable ({e}); expected time, position, orientation") from None
+        if traj["position"].ndim != 3 or traj["position"].shape[1] != len(shapes["shape"]):
+            raise UserError(f"{tpath}: position has shape {traj['position'].shape}, expected (frames, "
+                            f"{len(shapes['shape'])}, 3) to match state.npz")
+    scene = None
+    mpath = os.path.join(out_dir, "metrics.json")
+    if os.path.isfile(mpath):
+        try:
+            with open(mpath) as fh:
+                m = json.load(fh)
+            sp = m.get("scene_path")
+            if sp and os.path.isfile(sp):
+                from app.scene import load_scene
+
+                scene = load_scene(sp, tuple(m.get("overrides") or ()))
+        except (OSError, ValueError, UserError) as e:
+            print(f"note: {mpath}: scene not reloaded ({e}); drawing bodies without static geometry",
+                  file=sys.stderr)
+    return shapes, final, traj, scene
+
+
+def render_state_preview(out_dir, png_path, size=OFFSCREEN_SIZE):
+    """Render the final state of a headless run (out_dir/state.npz) to a PNG; returns the path."""
+    from app.viewer.render import PoseSource
+
+    shapes, (pos, quat), _, scene = load_out_dir(out_dir)
+    src = PoseSource(shapes, scene.statics if scene else (), [m["name"] for m in scene.materials] if scene else None)
+    src.set_poses(pos, quat)
+    view = OffscreenView(src, scene.camera if scene else None, size)
+    try:
+        save_png(png_path, view.render())
+    finally:
+        view.close()
+    return png_path
+
+
+def _replay_parser():
+    class P(argparse.ArgumentParser):
+        def error(self, message):
+            raise UserError(f"replay: {message} (usage: python run.py replay OUT_DIR [--speed S] [--size WxH] "
+                            f"[--video FILE.mp4] [--render DIR] [--render-every K])")
+
+    p = P(prog="run.py replay", description="Watch (or render) a recorded headless run.")
+    p.add_argument("out_dir", help="the --out directory of `python run.py SCENE --headless --record`")
+    p.add_argument("--speed", type=float, default=1.0, help="playback speed (1 = real time)")
+    p.add_argument("--size", default=None, help="window / image size WIDTHxHEIGHT")
+    p.add_argument("--video", default=None, help="render the trajectory to this MP4 instead of opening a window")
+    p.add_argument("--render", default=None, help="render the trajectory to DIR/frame_00000.png ...")
+    p.add_argument("--render-every", type=int, default=1, help="with --render/--video: every K-th recorded frame")
+    p.add_argument("--arch", choices=("auto", "cpu", "cuda"), default="cpu",
+                   help="Taichi arch for the viewer's kernels (default cpu: replay uploads from the host anyway)")
+    return p
+
+
+def replay_main(argv) -> int:
+    args = _replay_parser().parse_args(list(argv))
+    shapes, final, traj, scene = load_out_dir(args.out_dir)
+    if traj is None:
+        raise UserError(f"{args.out_dir}: no trajectory.npz (record one with `python run.py SCENE --headless "
+                        f"--frames N --record --out {args.out_dir}`)")
+    if len(traj["time"]) == 0:
+        raise UserError(f"{args.out_dir}/trajectory.npz: no frames recorded")
+    if not (args.speed > 0 and math.isfinite(args.speed)):
+        raise UserError(f"replay --speed: expected a number > 0, got {args.speed}")
+    if args.render_every < 1:
+        raise UserError(f"replay --render-every: expected an integer >= 1, got {args.render_every}")
+    offscreen = bool(args.video or args.render)
+    if not offscreen and not has_display():
+        raise UserError("replay: no display found ($DISPLAY is not set); render the trajectory instead with "
+                        "--video FILE.mp4 or --render DIR")
+    problem = vulkan_problem()
+    if problem:
+        raise UserError(problem)
+    ensure_taichi(args.arch)
+    from app.viewer.render import PoseSource
+
+    src = PoseSource(shapes, scene.statics if scene else (), [m["name"] for m in scene.materials] if scene else None)
+    src.set_poses(traj["position"][0], traj["orientation"][0])
+    camera = scene.camera if scene else None
+    if offscreen:
+        size = parse_size(args.size) if args.size else OFFSCREEN_SIZE
+        view = OffscreenView(src, camera, size)
+        times = traj["time"]
+        frame_dt = float(np.median(np.diff(times))) if len(times) > 1 else 1 / 60
+        video = VideoWriter(args.video, min(60.0, max(1.0, args.speed / (frame_dt * args.render_every)))) \
+            if args.video else None
+        images = 0
+        for f in range(0, len(times), args.render_every):
+            src.set_poses(traj["position"][f], traj["orientation"][f])
+            rgb = view.render()
+            if args.render:
+                save_png(os.path.join(args.render, f"frame_{images:05d}.png"), rgb)
+            if video:
+                video.append(rgb)
+            images += 1
+        if video:
+            video.close()
+        view.close()
+        print(f"replay: rendered {images} frames" + (f" to {args.render}/" if args.render else "")
+              + (f" and {args.video}" if args.video else ""))
+        return 0
+    size = parse_size(args.size) if args.size else DEFAULT_SIZE
+    return ReplayViewer(src, traj, camera, size, args.speed).run()
+
+
+class ReplayViewer:
+    """Plays a trajectory: space pause, left/right one frame, p screenshot, Esc quit; the panel scrubs (frame
+    slider), sets the speed and loops."""
+
+    def __init__(self, source, traj, scene_camera, size, speed=1.0):
+        self.source, self.traj, self.scene_camera, self.size = source, traj, scene_camera, size
+        self.speed = float(speed)
+        self.playing = True
+        self.loop = True
+        self.frame = 0
+        self.t = float(traj["time"][0])
+
+    def _show(self, f):
+        f = int(np.clip(f, 0, len(self.traj["time"]) - 1))
+        if f != self.frame:
+            self.source.set_poses(self.traj["position"][f], self.traj["orientation"][f])
+            self.frame = f
+
+    def run(self) -> int:
+        import taichi as ti
+
+        from app.viewer.render import BACKGROUND, Renderer, apply_camera, camera_spec
+
+        times = self.traj["time"]
+        last = len(times) - 1
+        window = open_window(f"{WINDOW_TITLE} - replay", self.size, show_window=True)
+        renderer = Renderer(self.source)
+        camera = ti.ui.Camera()
+        lo, hi = renderer.scene_bounds()
+        apply_camera(camera, camera_spec(self.scene_camera, lo, hi, self.size[0] / self.size[1]), renderer.extent)
+        canvas, scene, gui = window.get_canvas(), window.get_scene(), window.get_gui()
+        prev = time.perf_counter()
+        shots = 0
+        while window.running:
+            now = time.perf_counter()
+            wall_dt, prev = now - prev, now
+            shot = False
+            for e in window.get_events(ti.ui.PRESS):
+                if e.key == ti.ui.ESCAPE:
+                    window.running = False
+                elif e.key == " ":
+                    self.playing = not self.playing
+                elif e.key in (ti.ui.RIGHT, ti.ui.LEFT):
+                    self.playing = False
+                    self._show(self.frame + (1 if e.key == ti.ui.RIGHT else -1))
+                    self.t = float(times[self.frame])
+                elif e.key == "p":
+                    shot = True
+            if not window.running:
+                break
+            if self.playing:
+                self.t += wall_dt * self.speed
+                if self.t > times[-1]:
+                    if self.loop:
+                        self.t = float(times[0])
+                    else:
+                        self.t, self.playing = float(times[-1]), False
+                self._show(int(np.searchsorted(times, self.t)))
+            camera.track_user_inputs(window, movement_speed=0.01 * renderer.extent, hold_key=ti.ui.RMB)
+            renderer.update()
+            canvas.set_background_color(BACKGROUND)
+            renderer.draw(scene, camera)
+            canvas.scene(scene)
+            with gui.sub_window("replay", 0.01, 0.01, min(0.5, 360.0 / self.size[0]),
+                                min(0.9, 200.0 / self.size[1])) as g:
+                if g.button("pause (space)" if self.playing else "play (space)"):
+                    self.playing = not self.playing
+                g.text(f"t = {times[self.frame]:.3f} s   frame {self.frame} / {last}")
+                f = g.slider_int("frame", self.frame, 0, last)
+                if f != self.frame:
+                    self.playing = False
+                    self._show(f)
+                    self.t = float(times[f])
+                self.speed = g.slider_float("speed", self.speed, 0.05, 4.0)
+                self.loop = g.checkbox("loop", self.loop)
+                shot = g.button("screenshot (p)") or shot
+            if shot:
+                os.makedirs(SCREENSHOT_DIR, exist_ok=True)
+                path = os.path.join(SCREENSHOT_DIR, f"replay_{shots:03d}.png")
+                window.save_image(path)
+                shots += 1
+                print(f"screenshot: {path}", flush=True)
+            window.show()
+        window.destroy()
+        return 0

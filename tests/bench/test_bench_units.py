@@ -1,0 +1,60 @@
+"""The benchmarks' own arithmetic: how bench sim and bench vla take turns, ratios and medians, and bench lanes'
+statistic. No Taichi."""
+import numpy as np
+import pytest
+
+
+def test_sim_bench_repeats_take_turns_and_report_medians():
+    # bench sim --repeats: storages alternate going first, and each case reports its median run with the range.
+    from bench.sim_bench import _schedule, summarize
+
+    order = [(rep, s) for rep, s, _ in _schedule([("vla", ()), ("padded", ()), ("dynamic", ())], 3)]
+    assert order == [(0, "vla"), (0, "padded"), (0, "dynamic"), (1, "padded"), (1, "dynamic"), (1, "vla"),
+                     (2, "dynamic"), (2, "vla"), (2, "padded")]
+    runs = [{"scene": "p", "storage": st, "ms_per_step": ms, "repeat": i}
+            for i, (st, ms) in enumerate([("vla", 3.4), ("padded", 4.2), ("vla", 3.9), ("padded", 3.8),
+                                          ("vla", 3.3), ("padded", 4.1), ("vla", 3.5), ("padded", 9.0)])]
+    runs.append({"scene": "q", "storage": "dynamic", "error": "exit code -6"})
+    by = {(r["scene"], r["storage"]): r for r in summarize(runs)}
+    assert (by["p", "vla"]["ms_per_step"], by["p", "vla"]["ms_min"], by["p", "vla"]["ms_max"]) == (3.4, 3.3, 3.9)
+    assert by["p", "padded"]["ms_per_step"] == 4.1 and by["p", "padded"]["repeats"] == 4  # lower middle of 4
+    assert "error" in by["q", "dynamic"]
+
+
+def test_vla_bench_rounds_take_each_ratio_within_its_round_and_report_medians():
+    # bench vla --rounds: a ratio is taken against the baseline's figure of the same round, and the row reports the
+    # median of each figure and ratio over the rounds (the lower middle one for an even count).
+    from bench.vla_bench import _add_ratios, _median_of_rounds
+
+    rounds = []
+    for pad_warp, vla_warp, fold, copy in ((0.060, 0.040, 0.050, 3000.0), (0.066, 0.033, 0.040, 2000.0),
+                                           (0.063, 0.042, 0.045, 3000.0)):
+        common = {"fill_ms": 1.0, "read_ms": 1.0, "reduce_ms": 1.0, "fill_kms": 0.4, "read_kms": 0.09,
+                  "reduce_kms": 0.09, "copy_GBps": copy, "copy_kGBps": copy}
+        rows = [dict(common, store="padded", reduce_warp_ms=1.0, reduce_warp_kms=pad_warp),
+                dict(common, store="vla", fill_kms=0.2, reduce_warp_ms=1.0, reduce_warp_kms=vla_warp,
+                     flat_read_ms=1.0, flat_read_kms=0.06, flat_fold_ms=1.0, flat_fold_kms=fold)]
+        _add_ratios(rows, live_bytes=30_000_000)
+        rounds.append(rows[1])
+    assert [r["reduce_warp_kx_padded_best"] for r in rounds] == pytest.approx([1.5, 2.0, 1.5])
+    assert [r["read_kx_padded_best"] for r in rounds] == pytest.approx([0.06 / 0.09, 0.066 / 0.09, 0.063 / 0.09])
+    row = _median_of_rounds(rounds)
+    assert row["reduce_warp_kx_padded_best"] == pytest.approx(1.5)   # not 0.063 / 0.040, the ratio of the medians
+    assert row["reduce_warp_kms"] == pytest.approx(0.040) and row["fill_kx_padded"] == pytest.approx(2.0)
+    # fold: 30 MB in 50 / 40 / 45 us = 600 / 750 / 667 GB/s against copies of 3000 / 2000 / 3000: 20%, 37.5%, 22.2%
+    assert row["flat_fold_kpct_copy_bw"] == pytest.approx(100 * 0.03 / 0.045 / 3)
+    assert row["flat_read_kpct_copy_bw"] == pytest.approx(100 * 0.03 / 0.06 / 3)
+    assert row["rounds_n"] == 3
+    assert _median_of_rounds(rounds[:2])["reduce_warp_kms"] == pytest.approx(0.033)   # lower middle of two
+
+
+def test_lane_use_statistic():
+    # bench lanes' formula: useful lane-iterations over the lane-iterations a warp lasts (its longest list)
+    from bench.dev.lanes_bench import lane_use
+
+    assert lane_use(np.full(64, 5), np.arange(64)) == 1.0
+    counts = np.arange(32)
+    assert lane_use(counts, np.arange(32)) == pytest.approx(counts.sum() / (32 * 31))
+    two = np.concatenate([np.zeros(32, int), np.full(32, 4)])  # grouped: one idle warp, one full one
+    mixed = np.arange(64).reshape(2, 32).T.reshape(-1)  # interleaved: both warps last 4 iterations
+    assert lane_use(two, np.arange(64)) == 1.0 and lane_use(two, mixed) == 0.5
