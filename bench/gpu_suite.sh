@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# The full GPU suite in one command, run on the H200 machine:
+# Every figure of docs/benchmarks.md in one command, on a machine with an NVIDIA GPU:
 #   bash bench/gpu_suite.sh OUT_DIR
-# (docs/benchmarks.md names the command behind each table; later sessions ran single benches.)
-# Each step is time-boxed so one slow step cannot take the others down.
+# Each step is time-boxed so that one slow step cannot take the others down; raw results go to OUT_DIR.
 out=${1:?usage: bench/gpu_suite.sh OUT_DIR}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "== VLA tests on CUDA"
-SMOLVLA_TEST_ARCH=cuda timeout 130 python -m pytest tests/test_vla.py -q -x -p no:cacheprovider \
-    -k "not random_operation" 2>&1 | tail -2
+SMOLVLA_TEST_ARCH=cuda timeout 300 python -m pytest tests/vla -q -x -p no:cacheprovider -n 0 2>&1 | tail -2
 echo "== bench vla"
-timeout 200 python run.py bench vla --arch cuda --dists heavy,uniform1024 --repeats 10 --kernel-times --out "$out" 2>&1 | grep -v Warning | tail -12
+timeout 600 python run.py bench vla --arch cuda --dists heavy --repeats 10 --kernel-times --rounds 7 --out "$out/vla_heavy" 2>&1 | tail -14
+timeout 300 python run.py bench vla --arch cuda --dists uniform1024 --repeats 10 --kernel-times --out "$out/vla_uniform" 2>&1 | tail -10
 echo "== dynamic storage: run.py's sparse-data pool holds pile_1m's lists filled to their maximum"
 timeout 90 python -m bench.dev.dynamic_pool 2>&1 | tail -1
 echo "== bench sim"
-timeout 420 python run.py bench sim --arch cuda --steps 100 --storages vla,padded --repeats 2 --out "$out" 2>&1 | tail -12
+timeout 400 python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --storages vla,padded,dynamic --out "$out/sim_pile_1m" 2>&1 | tail -8
+timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes pile_100k --storages vla,padded --out "$out/sim_pile_100k" 2>&1 | tail -8
+timeout 300 python run.py bench sim --arch cuda --scenes boulders --storages "vla,vla+sim.large_body_factor=0" --repeats 3 --out "$out/sim_boulders" 2>&1 | tail -8
 echo "== bench viewer"
-timeout 70 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml --frames 60 --warmup 10 --out "$out" 2>&1 | tail -8
+timeout 120 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml --frames 60 --warmup 10 --out "$out/viewer" 2>&1 | tail -8
 echo "== bench batch"
-timeout 90 python run.py bench batch --arch cuda --scene scenes/default.yaml --runs 2 --frames 30 --workers 1,2 \
+timeout 120 python run.py bench batch --arch cuda --scene scenes/default.yaml --runs 2 --frames 30 --workers 1,2 \
     --json "$out/batch.json" 2>&1 | tail -8
 echo "== bench repro: three runs of default.yaml in one process, bit for bit (exit 1 when they differ)"
 timeout 200 python run.py bench repro --arch cuda --steps 300 --out "$out/repro" 2>&1 | tail -8
 echo "== bench filter"
 timeout 120 python run.py bench filter --arch cuda --no-scipy --out "$out/filter" 2>&1 | tail -12
+timeout 120 python run.py bench filter --arch cuda --map random --no-scipy --out "$out/filter_random" 2>&1 | tail -12

@@ -3,9 +3,9 @@
     python run.py bench vla [--arch auto|cpu|cuda] [--small | --full] [--out DIR] [--dists heavy,uniform16,uniform1024]
                             [--stores padded,dynamic,vla] [--kernel-times] [--rounds N]
 
-Stores: the padded array, the dynamic SNode, the VLA as constructed by default (inline 4, chunks of 16) and at
-(8,16), the VLA tuned by VLA.tune (runs="bump") and tuned for runs="ordered" (runs in list order: less metadata,
-growth re-lays the pool out).
+Stores: the padded array, the dynamic SNode, the VLA as constructed by default (inline 4, chunks of 16), the VLA
+tuned by VLA.tune (runs="bump") and tuned for runs="ordered" (runs in list order: less metadata, growth re-lays the
+pool out).
 
 Workloads (one thread per list for fill and read):
   fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
@@ -360,7 +360,6 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
         ("padded (head 8)", lambda: PaddedArrays(n, max_len, warp_head=8)),   # differs in reduce_warp() only
         ("dynamic", lambda: DynamicArrays(n, max_len, chunk_size=16)),
         ("vla (4,16)", lambda: VLA(n, ti.i32, name="bench")),   # the constructor's defaults
-        ("vla (8,16)", lambda: VLA(n, ti.i32, inline_capacity=8, chunk_size=16, name="bench")),
         (f"vla tuned ({tuned['inline_capacity']},{tuned['chunk_size']})",
          lambda: VLA(n, ti.i32, inline_capacity=tuned["inline_capacity"], chunk_size=tuned["chunk_size"],
                      name="bench")),

@@ -6,7 +6,7 @@ import taichi as ti
 
 @pytest.fixture(scope="module", autouse=True)
 def taichi_runtime():
-    ti.init(arch=ti.cpu)
+    ti.init(arch=ti.cpu, advanced_optimization=False)   # (half the compile time)
     yield
     ti.reset()
 

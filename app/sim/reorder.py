@@ -13,10 +13,10 @@ fewer lanes (H200, landed pile_1m: 11.6-11.8 -> 10.9-11.0 ms a step).
 
 What a re-sort moves: body k of the new order is body order[k] of the old, where order is grid.body_order (the
 bodies sorted by grid bucket, which follows space in Z-order) split by shape, spheres first, each part keeping its
-order (kernel_order_by_shape). The State's per-body fields are gathered into that order on the device, and so are
-both generations of contact lists, with `other` renumbered in the current one (the other is emptied first: the
-next step rebuilds it); the Model's bodies are written again in the new order by its builder
-(app.sim.model.ModelBuilder.write_bodies), from the order read back to the host. A VLA storage permutes its lists in
+order (kernel_order_by_shape). The State's per-body fields are gathered into that order on the device, the Model's
+rows by its builder (app.sim.model.ModelBuilder.store_in_order), and so are both generations of contact lists, with
+`other` renumbered in the current one (the other is emptied first: the next step rebuilds it). Nothing is read
+back: the host learns the new order from Model.body_id when it next needs it. A VLA storage permutes its lists in
 place (vla.VLA.permute): each list's chunks go with it, so the capacity each body's lists have grown to stays
 theirs and a re-sort allocates nothing. The padded and dynamic storages copy the records into the other generation
 instead and make it current.
@@ -31,6 +31,7 @@ import taichi as ti
 
 from app.sim.contacts import kernel_clear_lists
 from app.sim.diagnostics import NO_ERROR
+from app.sim.permute import permute_field
 from app.sim.state import BODY_FIELDS as STATE_BODY_FIELDS
 from vla.scan import exclusive_scan, scan_scratch_size
 
@@ -105,31 +106,6 @@ def kernel_order_by_shape(model: ti.template(), grid_order: ti.template(), reord
         reorder.order[k] = grid_order[t]
 
 
-@ti.func
-def _permute_field(f: ti.template(), reorder: ti.template(), order: ti.template(), n):
-    """f[k] = old f[order[k]] for k < n, through the scratch buffer of f's kind."""
-    if ti.static(hasattr(f, "n")):   # a vector field: through the vec4 buffer
-        for k in range(n):
-            v = f[order[k]]
-            w = ti.Vector([0.0, 0.0, 0.0, 0.0])
-            for c in ti.static(range(f.n)):
-                w[c] = v[c]
-            reorder.scratch_vec[k] = w
-        for k in range(n):
-            w = reorder.scratch_vec[k]
-            f[k] = ti.Vector([w[c] for c in ti.static(range(f.n))])
-    elif ti.static(f.dtype == ti.i32):
-        for k in range(n):
-            reorder.scratch_i32[k] = f[order[k]]
-        for k in range(n):
-            f[k] = reorder.scratch_i32[k]
-    else:
-        for k in range(n):
-            reorder.scratch_f32[k] = f[order[k]]
-        for k in range(n):
-            f[k] = reorder.scratch_f32[k]
-
-
 @ti.kernel
 def kernel_permute_state(model: ti.template(), state: ti.template(), diagnostics: ti.template(),
                          reorder: ti.template(), order: ti.template()):
@@ -140,7 +116,7 @@ def kernel_permute_state(model: ti.template(), state: ti.template(), diagnostics
     for k in range(n):
         reorder.inverse[order[k]] = k
     for name in ti.static(STATE_BODY_FIELDS):
-        _permute_field(ti.static(getattr(state, name)), reorder, order, n)
+        permute_field(ti.static(getattr(state, name)), reorder, order, n)
     if diagnostics.error_body[None] != NO_ERROR:
         diagnostics.error_body[None] = reorder.inverse[diagnostics.error_body[None]]
 
@@ -173,15 +149,15 @@ def kernel_renumber_others(lists: ti.template(), base: ti.i32, n: ti.i32, reorde
                 lists.set_member(li, q, "other", reorder.inverse[o])
 
 
-def resort_bodies(model, state, contacts, diagnostics, reorder, grid_order, body_count: int) -> np.ndarray:
-    """Re-sort the first body_count bodies by shape, then in grid_order (see the module docstring): state,
-    diagnostics' error body, and both generations of contact lists, on the device. Returns the new order as old
-    stored indices (int64 (body_count,): the body stored at k was stored at order[k]), one read of the device, for
-    the caller to write the Model's bodies in it (Simulation.resort)."""
+def resort_bodies(builder, model, state, contacts, diagnostics, reorder, grid_order, body_count: int):
+    """Re-sort the first body_count bodies by shape, then in grid_order (see the module docstring): the model's rows
+    (through builder), the state, diagnostics' error body, and both generations of contact lists, on the device.
+    The caller updates its host bookkeeping (Simulation.resort)."""
     n = int(body_count)
     kernel_order_by_shape(model, grid_order, reorder)
     order = reorder.order
     kernel_permute_state(model, state, diagnostics, reorder, order)
+    builder.store_in_order(model, reorder, order)
     lists = contacts.lists
     if contacts.kind == "vla":
         # The previous generation's records hold old indices and the next step rebuilds them: emptied first,
@@ -192,4 +168,3 @@ def resort_bodies(model, state, contacts, diagnostics, reorder, grid_order, body
     else:
         kernel_permute_lists(lists, contacts.base, contacts.prev_base, n, reorder, order)
         contacts.flip()
-    return order.to_numpy()[:n].astype(np.int64)

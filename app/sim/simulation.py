@@ -224,9 +224,9 @@ class Simulation:
         extra = validate(raw, self.scene.path + " (added bodies)")
         n0 = self.body_count
         k = extra.body_count
-        self.builder.add_bodies(extra.bodies)
         # added bodies keep their order, after the stored ones (scene indices n0, n0 + 1, ...: their ids)
-        order = np.concatenate([self._scene_of[:n0], np.arange(n0, n0 + k)])
+        order = np.concatenate([self.scene_of, np.arange(n0, n0 + k)])
+        self.builder.add_bodies(extra.bodies)
         if n0 + k > self.capacity:
             saved = self.state.to_numpy(n0)
             step = self.step_count
@@ -334,30 +334,37 @@ class Simulation:
     def resort(self):
         """Store the bodies again in the order of where they are now (app.sim.reorder): by shape, then in grid order
         of this step's positions (the grid is rebuilt first if the bodies changed since the last step). Keeps every
-        contact and its impulses; the motion is the same to the last bit. The State and the contacts move on the
-        device; the new order is read back (one read) and the builder writes the Model's bodies in it."""
+        contact and its impulses; the motion is the same to the last bit. Device work only: the host's order
+        (scene_of) is read back from model.body_id when next needed."""
         if not self._grid_order_current:
             self.grid.build(self.model, self.state)
-        moved = resort_bodies(self.model, self.state, self.contacts, self.diagnostics, self.reorder,
-                              self.grid.body_order, self.body_count)
-        self._set_order(self._scene_of[moved])
-        self.builder.write_bodies(self.model, self._scene_of)
+        resort_bodies(self.builder, self.model, self.state, self.contacts, self.diagnostics, self.reorder,
+                      self.grid.body_order, self.body_count)
         self._grid_order_current = False   # body_order holds the old indices
+        self._order_stale = True
 
     # ------------------------------------------------------------------ stored order <-> scene order
     def _set_order(self, scene_of: np.ndarray):
         self._scene_of = np.asarray(scene_of, np.int64)
         self._internal_of = np.empty_like(self._scene_of)
         self._internal_of[self._scene_of] = np.arange(self._scene_of.size)
+        self._order_stale = False
+
+    def _sync_order(self):
+        """After resort(): read the new order back (model.body_id holds each stored body's scene index)."""
+        if self._order_stale:
+            self._set_order(self.model.body_id.to_numpy()[:self.body_count])
 
     @property
     def scene_of(self) -> np.ndarray:
         """int64 (N,): scene index of each stored body (see the class docstring)."""
+        self._sync_order()
         return self._scene_of
 
     @property
     def internal_of(self) -> np.ndarray:
         """int64 (N,): stored index of each scene body."""
+        self._sync_order()
         return self._internal_of
 
     def step_frame(self):

@@ -8,7 +8,7 @@ import taichi as ti
 
 @pytest.fixture(scope="module", autouse=True)
 def taichi_runtime():
-    ti.init(arch=ti.cpu, kernel_profiler=True)
+    ti.init(arch=ti.cpu, kernel_profiler=True, advanced_optimization=False)   # (half the compile time)
     yield
     ti.reset()
 

@@ -328,8 +328,8 @@ def test_intermediate_axis_spin_tumbles_on_time(sim):
 def test_container_walls_leave_outside_bodies_outside(sim):
     """A body that came down just outside a container wall, below its top (a sphere and a box, centres 0.15 m
     behind the wall plane, inside the wall's 4-bounding-radii thickness), stays outside and lands on the floor
-    there; until session 21 the wall pushed both in through it. A sphere thrown at the same wall from inside
-    at 12 m/s (2.4 cm a step) still stays inside."""
+    there (a wall that acted on every body behind its plane would push both in through it). A sphere thrown at the
+    same wall from inside at 12 m/s (2.4 cm a step) still stays inside."""
     r, h = 0.1, 0.08
     container = {"type": "container", "size": [2, 1, 2], "material": "m"}   # walls at x, z = +-1, top at y = 1
     sim.load(scene_from_dict(_scene([_sphere(r, [1.15, 0.9, 0]), _box([h, h, h], [-1.15, 0.9, 0]),

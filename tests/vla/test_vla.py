@@ -14,11 +14,14 @@ from vla import layout as vla_layout
 NO_FAILURE = Batch.NO_FAILURE
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
+# On the CPU without Taichi's own IR optimisations, as the app runs there (app.runtime.CPU_OPTIONS): the module's
+# time is compiling kernels, about half of it in those passes, and LLVM still optimises the code.
+CPU_OPTIONS = {"cpu": {"advanced_optimization": False}}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def taichi_runtime():
-    ti.init(arch=getattr(ti, ARCH), random_seed=0)
+    ti.init(arch=getattr(ti, ARCH), random_seed=0, **CPU_OPTIONS.get(ARCH, {}))
     yield
     ti.reset()
 

@@ -9,11 +9,12 @@ from vla import VLA, launch
 from vla import layout as vla_layout
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
+CPU_OPTIONS = {"cpu": {"advanced_optimization": False}}   # (as in test_vla.py: half the compile time on the CPU)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def taichi_debug_runtime():
-    ti.init(arch=getattr(ti, ARCH), debug=True)
+    ti.init(arch=getattr(ti, ARCH), debug=True, **CPU_OPTIONS.get(ARCH, {}))
     yield
     ti.reset()
 

@@ -9,11 +9,12 @@ import taichi as ti
 from vla import VLA, Batch, VLACapacityError, launch
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
+CPU_OPTIONS = {"cpu": {"advanced_optimization": False}}   # (as in test_vla.py: half the compile time on the CPU)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def taichi_runtime():
-    ti.init(arch=getattr(ti, ARCH))
+    ti.init(arch=getattr(ti, ARCH), **CPU_OPTIONS.get(ARCH, {}))
     yield
     ti.reset()
 
