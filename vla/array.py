@@ -142,13 +142,12 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
         self._alloc("table_owner", ti.i32, self._owner_len(pool_chunks))
-        self.table_owner.fill(-1)
         ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
         self._alloc("ovf_value", self._store_dtype, ovf)
         self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
         self._alloc("relayout_tmp", self._store_dtype, 1)  # staging for re-layouts; its own tree, so its id is stable
-        self._scalars[1] = ovf
+        _k_init(self, ovf)   # (one kernel: a field's fill() and an element write would compile one each)
         self._scanner = Scanner(n + 1)
         self._scratch = {}
         self._prog = taichi_compat.program()
@@ -248,6 +247,14 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         setattr(self, attr, field)
         self._trees[attr] = tree
         self._caps[attr] = length
+
+
+@ti.kernel
+def _k_init(v: ti.template(), overflow_capacity: ti.i32):
+    """A new VLA: every chunk unowned (-1), the overflow area's capacity in _scalars[1]."""
+    for t in v.table_owner:
+        v.table_owner[t] = -1
+    v._scalars[1] = overflow_capacity
 
 
 @ti.kernel
