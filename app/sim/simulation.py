@@ -49,7 +49,7 @@ class SimulationCapacityError(SimulationError):
 
 
 # Taichi 1.7's CPU/CUDA backends address at most 512 SNode trees and do not check (vla.taichi_compat). An
-# allocation makes about 28 (the model's, state's and solver's fields, and the VLAs; counted on bounce.yaml), and
+# allocation makes about 23 (the model's, state's and solver's fields, and the VLAs; counted on bounce.yaml), and
 # the fields of an earlier one cannot be freed (they sit on Taichi's root), so a process that keeps allocating
 # (capacity growths, new Simulations) is refused before the limit instead of crashing in a later kernel.
 TREES_PER_ALLOCATION = 40
@@ -121,8 +121,8 @@ class Simulation:
             resort_min_bodies bodies (a small scene's bodies share the caches whatever their order).
     """
 
-    # Defaults of resort_interval / resort_min_bodies. A resort of pile_1m costs a few kernels and one upload of
-    # the Model's bodies: well under 0.1 ms a step at this interval, for a step 1 ms faster. Not tuned: bodies of
+    # Defaults of resort_interval / resort_min_bodies. A resort of pile_1m costs 13 ms on an H200 (a few kernels and
+    # the host's bookkeeping): 0.03 ms a step at this interval, for a step 1 ms faster. Not tuned: bodies of
     # a pouring pile drift out of order within a few hundred steps, and below ~20k bodies the data of a step fits
     # the GPU's L2 cache in any order.
     RESORT_INTERVAL = SIM_DEFAULTS["resort_interval"]
@@ -193,7 +193,6 @@ class Simulation:
         self.overflow_events = []
         self.vla_regrowths = 0   # steps redone to grow a VLA (see advance)
         self._overflow_seen = self.contacts.overflowed()
-        self._max_depth_total = 0.0
 
     @property
     def body_count(self) -> int:
