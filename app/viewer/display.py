@@ -27,12 +27,26 @@ def has_display() -> bool:
     return True
 
 
+# Where a Linux distribution puts the Vulkan loader, beside the dynamic linker's cache and LD_LIBRARY_PATH. Looked
+# up file by file: a recursive search of /usr/lib* can loop through symlinked build trees (Debian's llvm-*-dev
+# has `Release -> ..`) and never end.
+LOADER_DIRS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib", "/lib64", "/usr/lib/x86_64-linux-gnu",
+               "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu")
+
+
+def _vulkan_loader_found() -> bool:
+    if ctypes.util.find_library("vulkan") is not None:
+        return True
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LOADER_DIRS)
+    return any(os.path.isfile(os.path.join(d, name)) for d in dirs for name in ("libvulkan.so.1", "libvulkan.so"))
+
+
 def vulkan_problem() -> str | None:
     """None when a Vulkan loader and at least one driver manifest are present, else a one-line reason with
     the package to install. GGUI draws with Vulkan, windowed or offscreen."""
     if not sys.platform.startswith("linux"):
         return None
-    if ctypes.util.find_library("vulkan") is None and not glob.glob("/usr/lib*/**/libvulkan.so.1", recursive=True):
+    if not _vulkan_loader_found():
         return f"no Vulkan loader (libvulkan.so.1) found; {VULKAN_HINT}"
     listed = [p for var in ("VK_ICD_FILENAMES", "VK_DRIVER_FILES") for p in os.environ.get(var, "").split(":") if p]
     if listed:

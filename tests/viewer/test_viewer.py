@@ -330,3 +330,25 @@ def test_cli_headless_render_and_video(tmp_path):
     assert (tmp_path / "v.mp4").stat().st_size > 1000
     bad = _run([TINY, "--headless", "--frames", "1", "--render", str(tmp_path / "g"), "--render-every", "0"], {})
     assert bad.returncode == 2 and "--render-every" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_vulkan_loader_lookup_ends_and_finds_a_loader_on_the_library_path(tmp_path, monkeypatch):
+    """The loader is looked up file by file (no recursive search, which looped through symlinked build trees and
+    hung `python run.py`): a library path holding only a symlink loop gives the one-line reason at once, and one
+    holding libvulkan.so.1 passes that check."""
+    import ctypes.util
+    import time
+
+    from app.viewer import display
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(display, "LOADER_DIRS", ())
+    (tmp_path / "loop").symlink_to("..")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "loop"))
+    t0 = time.monotonic()
+    problem = display.vulkan_problem()
+    assert time.monotonic() - t0 < 1.0
+    assert problem.startswith("no Vulkan loader") and "mesa-vulkan-drivers" in problem
+    (tmp_path / "libvulkan.so.1").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path / 'loop'}:{tmp_path}")
+    assert not (display.vulkan_problem() or "").startswith("no Vulkan loader")
