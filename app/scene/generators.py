@@ -106,6 +106,7 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
                 ctx.fail(f"{key}.material", "this key (or materials: [..])", have_got=False)
             mats = [material_index[_material(ctx, f"{key}.material", g["material"], names)]]
         count = _num(ctx, f"{key}.count", g.get("count"), integer=True, low=1)
+        ctx.take_bodies(f"{key}.count", count)
         lo = np.asarray(_vec(ctx, f"{key}.min", g.get("min")), np.float64)
         hi = np.asarray(_vec(ctx, f"{key}.max", g.get("max")), np.float64)
         if np.any(hi <= lo):
@@ -159,6 +160,7 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
 
     if kind == "grid":
         count = _vec(ctx, f"{key}.count", g.get("count"), 3, positive=True, integer=True)
+        ctx.take_bodies(f"{key}.count", count[0] * count[1] * count[2])
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
         min_spacing = 2 * (r if shape == SHAPE_SPHERE else float(np.linalg.norm(h)))
         spacing = _num(ctx, f"{key}.spacing", g.get("spacing", min_spacing * 1.05), positive=True)
@@ -177,6 +179,7 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
                     acc.add(shape, r, h, p.tolist(), q, vel, omega, mat, fixed)
     elif kind == "stack":
         count = _num(ctx, f"{key}.count", g.get("count"), integer=True, low=1)
+        ctx.take_bodies(f"{key}.count", count)
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
         gap = _num(ctx, f"{key}.gap", g.get("gap", 0.0), nonneg=True)
         # origin is the bottom centre of the stack (on the floor when origin.y = 0).
@@ -185,6 +188,7 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
             acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
     elif kind == "pyramid":
         levels = _num(ctx, f"{key}.levels", g.get("levels"), integer=True, low=1)
+        ctx.take_bodies(f"{key}.levels", levels * (levels + 1) // 2)
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
         gap = _num(ctx, f"{key}.gap", g.get("gap", 0.0), nonneg=True)
         # A 2-D pyramid in the x-y plane: level k has levels-k bodies, offset by half a body. `gap` separates

@@ -22,32 +22,50 @@ import numpy as np
 import yaml
 
 from app.errors import UserError
+from app.scene import yamlio
 from app.scene.generators import Bodies, expand_generator, shape_size
 from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS, Ctx, Scene,
-                              bool_ as _bool, check_keys as _check_keys, mapping as _mapping, material as _material,
-                              num as _num, quat as _quat, str_ as _str, vec as _vec)
+                              bool_ as _bool, check_keys as _check_keys, limit, mapping as _mapping,
+                              material as _material, num as _num, quat as _quat, str_ as _str, vec as _vec)
+
+
+def read_text(path, what: str) -> str:
+    """The text of a file a user named: a regular file (not a directory, FIFO or device, which could block or
+    never end) of at most LIMITS["file_bytes"], UTF-8. Raises UserError naming the file."""
+    import stat
+
+    path = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a directory, expected a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path}: not a regular file (a pipe or a device?), expected a {what}")
+    if st.st_size > limit("file_bytes"):
+        raise UserError(f"{path}: {st.st_size:,} bytes, more than a {what} may have ({limit('file_bytes'):,}; "
+                        f"SMOLVLA_LIMITS=file_bytes=N raises the limit)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the {what} ({e})") from None
 
 
 def read_yaml(path) -> dict:
     path = str(path)
     if not os.path.exists(path):
         raise UserError(f"{path}: scene file not found (expected a YAML file; shipped scenes are in scenes/)")
-    if os.path.isdir(path):
-        raise UserError(f"{path}: is a directory, expected a YAML scene file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read scene file ({e})") from None
+    text = read_text(path, "scene file")
     if not text.strip():
         raise UserError(f"{path}: the scene file is empty (expected a mapping with name, sim, materials, bodies)")
     try:
-        data = yaml.safe_load(text)
+        data = yamlio.load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown line"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{path}: YAML syntax error at {where}: {problem}") from None
+        raise UserError(f"{path}: YAML error {yamlio.describe_error(e)}") from None
     if data is None:
         raise UserError(f"{path}: the scene file is empty (expected a mapping with name, sim, materials, bodies)")
     if not isinstance(data, dict):
@@ -65,7 +83,7 @@ def parse_override(text: str):
     if not key or any(not p for p in key.split(".")):
         raise UserError(f"--set {text!r}: expected key.path=value with a non-empty dotted key")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = yamlio.load(value) if value.strip() else ""
     except yaml.YAMLError:
         raise UserError(f"--set {text!r}: the value is not a YAML scalar or list") from None
     parts = [int(p) if p.lstrip("-").isdigit() else p for p in key.split(".")]
@@ -117,7 +135,7 @@ def validate(data: dict, path="<dict>") -> Scene:
         if k == "dt":
             sim[k] = float(_num(ctx, key, v, positive=True, high=0.1))
         elif k in ("substeps", "solver_iterations"):
-            sim[k] = _num(ctx, key, v, integer=True, low=1)
+            sim[k] = _num(ctx, key, v, integer=True, low=1, high=limit(k))
         elif k == "padded_capacity":
             sim[k] = _num(ctx, key, v, integer=True, low=1, high=4096)
         elif k in ("seed", "resort_interval"):
@@ -198,6 +216,7 @@ def validate(data: dict, path="<dict>") -> Scene:
             expand_generator(ctx, key, b, acc, material_index, rng)
         else:
             _check_keys(ctx, key, b, BODY_KEYS, required=("shape", "position", "material"))
+            ctx.take_bodies(key, 1)
             shape, r, h = shape_size(ctx, key, b)
             acc.add(shape, r, h, _vec(ctx, f"{key}.position", b["position"]),
                     _quat(ctx, f"{key}.orientation", b.get("orientation", [1, 0, 0, 0])),

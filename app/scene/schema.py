@@ -54,17 +54,64 @@ GEN_KEYS = {
 }
 
 
+# Bounds on what a scene may ask for, so that a typo (count: 1e9) or a hostile file fails at once with a message
+# instead of filling memory or running for days. Each can be raised for a run: SMOLVLA_LIMITS="bodies=50000000,
+# substeps=5000" in the environment (scenes/README.md).
+LIMITS = {
+    "bodies": 20_000_000,          # bodies a scene expands to (generators included)
+    "substeps": 10_000,            # sim.substeps
+    "solver_iterations": 10_000,   # sim.solver_iterations
+    "file_bytes": 64 * 2**20,      # size of a scene or sweep file
+    "aliases": 1_000,              # YAML aliases (*name) in one document
+}
+
+
+def limit(name: str) -> int:
+    """LIMITS[name], or its value in SMOLVLA_LIMITS ("name=value,name=value")."""
+    import os
+
+    for item in os.environ.get("SMOLVLA_LIMITS", "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == name:
+            try:
+                return int(float(value))
+            except ValueError:
+                raise UserError(f"SMOLVLA_LIMITS: {item.strip()!r}: expected name=integer") from None
+    return LIMITS[name]
+
+
+def _short_repr(value, width=80) -> str:
+    """repr(value), cut to `width` characters: a message must stay one line, whatever a file holds."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = width
+    r.maxlist = r.maxdict = r.maxtuple = 8
+    r.maxlevel = 3
+    text = r.repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 class Ctx:
-    """Where we are while validating: the file name, for messages."""
+    """Where we are while validating: the file name, for messages, and the bodies the scene may still add."""
 
     def __init__(self, path):
         self.path = path
+        self.bodies_left = limit("bodies")
 
     def fail(self, key, expected, got=None, have_got=True):
         msg = f"{self.path}: {key}: expected {expected}"
         if have_got:
-            msg += f", got {got!r}"
+            msg += f", got {_short_repr(got)}"
         raise UserError(msg)
+
+    def take_bodies(self, key, n):
+        """Count n more bodies against LIMITS["bodies"], before they are made."""
+        if n > self.bodies_left:
+            total = limit("bodies")
+            self.fail(key, f"at most {total:,} bodies in a scene (SMOLVLA_LIMITS=bodies=N raises the limit); this "
+                           f"entry adds {n:,} to {total - self.bodies_left:,}", have_got=False)
+        self.bodies_left -= n
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Scene loading: strict validation (one clear message naming file, key path and expectation), overrides,
 generators. No Taichi here."""
 import math
+import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -99,7 +101,7 @@ def test_bad_values_name_key_and_expectation(tmp_path, mutate, key, expected):
 
 def test_yaml_syntax_error_names_line(tmp_path):
     msg = _err(tmp_path, "name: t\nmaterials:\n  steel: {density: 1\nbodies: []\n")
-    assert "YAML syntax error" in msg and "line" in msg
+    assert "YAML error at line" in msg
 
 
 def test_empty_and_missing_files(tmp_path):
@@ -183,3 +185,82 @@ def test_run_py_bad_scene_exit_code_2_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "run.py"), str(tmp_path / "missing.yaml"), "--headless"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------- hostile and odd input
+_SCENE_TEXT = """name: t
+sim: {dt: 2e-3, substeps: 2}
+materials: {steel: {density: 7.8e3}}
+bodies:
+  - {shape: sphere, radius: 5e-1, position: [0, 1, 0], material: steel}
+"""
+
+
+def test_exponent_numbers_are_floats():
+    # YAML 1.1 reads 2e-3 (no dot) as a string; scenes read it as the number everyone means
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        s = load_scene(_write(Path(d), _SCENE_TEXT))
+    assert s.sim["dt"] == 0.002 and s.materials[0]["density"] == 7800.0 and s.bodies["radius"][0] == 0.5
+    assert apply_overrides({"sim": {}}, ["sim.dt=1e-3"])["sim"]["dt"] == 0.001
+
+
+def test_duplicate_keys_are_an_error(tmp_path):
+    msg = _err(tmp_path, "name: t\nmaterials: {steel: {}}\nmaterials: {wood: {}}\nbodies: []\n")
+    assert "duplicate key 'materials'" in msg and "line 3" in msg
+    msg = _err(tmp_path, _SCENE_TEXT.replace("substeps: 2}", "substeps: 2, dt: 1.0e-3}"))
+    assert "duplicate key 'dt'" in msg
+
+
+def test_alias_bomb_fails_fast_with_one_line(tmp_path):
+    # 11 levels of 10 aliases each: 10^11 elements if expanded. Aliases are shared, not copied, and the message shows
+    # a cut repr, so this fails at once with one short line.
+    levels = ["&a0 [x, x, x, x, x, x, x, x, x, x]"] + [f"&a{k} [" + ", ".join([f"*a{k - 1}"] * 10) + "]"
+                                                       for k in range(1, 12)]
+    t0 = time.monotonic()
+    body = "[{shape: sphere, radius: 0.1, position: [0, 1, 0], material: m}]"
+    msg = _err(tmp_path, f"name: t\nmaterials: {{m: {{}}}}\nbodies: {body}\ncamera: {{position: [" + ", ".join(levels) + "]}\n")
+    assert time.monotonic() - t0 < 2.0
+    assert "camera.position: expected a list of 3 numbers" in msg and len(msg) < 300
+    # a document of more aliases than LIMITS["aliases"] is refused as it is read
+    many = "name: t\nmaterials: {m: {}}\nbodies: []\ndescription: &d x\nsim: {seed: 0}\nlist: [" + \
+        ", ".join(["*d"] * 1001) + "]\n"
+    msg = _err(tmp_path, many)
+    assert "more than 1000 aliases" in msg
+
+
+def test_huge_sizes_are_refused_before_anything_is_made(tmp_path, monkeypatch):
+    base = "name: t\nmaterials: {m: {}}\nbodies:\n"
+    t0 = time.monotonic()
+    for gen, key in [("{generate: random, shape: sphere, radius: 0.01, count: 1000000000, min: [0, 0, 0], "
+                      "max: [1000, 1000, 1000], material: m}", "bodies[0].count"),
+                     ("{generate: grid, shape: sphere, radius: 0.01, count: [100000, 100000, 10], material: m}",
+                      "bodies[0].count"),
+                     ("{generate: pyramid, shape: box, half_extents: [1, 1, 1], levels: 1000000, material: m}",
+                      "bodies[0].levels")]:
+        msg = _err(tmp_path, base + "  - " + gen + "\n")
+        assert f"{key}: expected at most 20,000,000 bodies" in msg and "SMOLVLA_LIMITS" in msg
+    for key in ("substeps", "solver_iterations"):
+        msg = _err(tmp_path, f"name: t\nsim: {{{key}: 1000000000}}\nmaterials: {{m: {{}}}}\nbodies: []\n")
+        assert f"sim.{key}: expected a number <= 10000" in msg
+    assert time.monotonic() - t0 < 5.0
+    monkeypatch.setenv("SMOLVLA_LIMITS", "bodies=3")   # limits can be raised or lowered for a run
+    msg = _err(tmp_path, base + "  - {generate: stack, shape: sphere, radius: 0.1, count: 4, material: m}\n")
+    assert "at most 3 bodies" in msg
+
+
+def test_a_pipe_or_a_device_is_not_read(tmp_path):
+    fifo = tmp_path / "scene.yaml"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(UserError, match="not a regular file") as ei:
+            load_scene(path)
+        assert str(path) in str(ei.value)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_long_bad_value_is_cut_in_the_message(tmp_path):
+    msg = _err(tmp_path, {"name": "t", "materials": {"m": {}}, "bodies": "x" * 10_000})
+    assert len(msg) < 300 and "bodies: expected a list" in msg

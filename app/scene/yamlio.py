@@ -1,0 +1,68 @@
+"""Reading YAML strictly, for every file and value a user hands the app (scenes, --set values, sweep files).
+
+PyYAML's safe loader, with three changes: a mapping that repeats a key is an error (PyYAML keeps the last one
+silently); numbers written as `2e-3` or `1e10` are floats, as in YAML 1.2 (YAML 1.1 wants a dot: `2.0e-3`, and
+reads `2e-3` as a string); and a document may use at most LIMITS["aliases"] aliases (`*name`), so that a small
+file cannot stand for an exponentially large one (a "billion laughs").
+"""
+import re
+
+import yaml
+
+from app.scene.schema import limit
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects duplicate keys, reads 2e-3 as a float and bounds aliases."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > limit("aliases"):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {limit('aliases')} aliases (*name) in one document", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:   # an unhashable key: PyYAML reports it below
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} in a mapping",
+                                                            key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def load(text: str):
+    """The YAML document in text (StrictLoader). Raises yaml.YAMLError."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def describe_error(e: "yaml.YAMLError") -> str:
+    """'at line L, column C: problem' for a YAMLError."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown line"
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"at {where}: {problem}"
