@@ -7,10 +7,11 @@
     python run.py report DIR                       plots and a table for a batch
     python run.py replay OUT_DIR                   watch a recorded trajectory
     python run.py filter IMAGE ...                 variable-radius image filter on VLAs
-    python run.py bench vla|sim|filter|viewer ...  benchmarks
+    python run.py bench vla|sim|filter|viewer|batch ...   benchmarks
 
 This file only dispatches; the work lives in app/ and bench/.
 """
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -20,12 +21,29 @@ SUBCOMMANDS = {
     "filter": ("app.filter.cli", "main"),
     "bench": ("bench.cli", "main"),
 }
+USAGE = """usage: python run.py [SCENE] [--headless --frames N --out DIR ...]   simulate a scene (default scenes/default.yaml)
+       python run.py batch SCENE... --frames N --out DIR                 many headless runs: seeds x parameter values
+       python run.py report DIR                                          plots and a table for a batch
+       python run.py replay OUT_DIR                                      watch or render a recorded run
+       python run.py filter IMAGE --radius-map MAP --out OUT             variable-radius image filter
+       python run.py bench vla|sim|filter|viewer|batch ...               benchmarks
+Each takes --help; `python run.py SCENE --help` lists the simulation's options."""
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from app.errors import UserError
 
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS and not argv[0].endswith((".yaml", ".yml")):
+        from app.scene.loading import find_scene
+
+        if not os.path.exists(find_scene(argv[0])):
+            print(f"error: {argv[0]!r} is neither a subcommand ({', '.join(SUBCOMMANDS)}) nor a scene file (.yaml)",
+                  file=sys.stderr)
+            return 2
     if argv and argv[0] in SUBCOMMANDS:
         module_name, func_name = SUBCOMMANDS[argv[0]]
         argv = argv[1:]

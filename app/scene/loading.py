@@ -242,8 +242,26 @@ def validate(data: dict, path="<dict>") -> Scene:
                  material_index=material_index, statics=statics, bodies=bodies, camera=camera, raw=data)
 
 
+# The project's root: shipped scenes are found from any working directory.
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def find_scene(path) -> str:
+    """`path` when it exists; else, for a relative path, the same path under the project's root, or a shipped scene
+    of that name (scenes/NAME, NAME with or without .yaml); else `path` (read_yaml then says it is missing)."""
+    path = str(path)
+    if os.path.exists(path) or os.path.isabs(path):
+        return path
+    for candidate in (os.path.join(PROJECT_ROOT, path), os.path.join(PROJECT_ROOT, "scenes", path),
+                      os.path.join(PROJECT_ROOT, "scenes", path + ".yaml")):
+        if os.path.isfile(candidate):
+            return candidate
+    return path
+
+
 def load_scene(path, overrides=()) -> Scene:
-    """Read, override, validate and expand a scene file. Raises UserError on any bad input."""
+    """Read, override, validate and expand a scene file (found by find_scene). Raises UserError on any bad input."""
+    path = find_scene(path)
     data = read_yaml(path)
     data = apply_overrides(data, overrides, path)
     return validate(data, str(path))
