@@ -32,7 +32,7 @@ Each takes --help; `python run.py SCENE --help` lists the simulation's options."
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from app.errors import UserError
+    from app.errors import Terminated, UserError
 
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -57,10 +57,16 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
 
 
 if __name__ == "__main__":
+    from app.errors import terminate_as_exception
+
+    terminate_as_exception()   # SIGTERM ends a run as Ctrl-C does, with its outputs written or marked (exit 143)
     sys.exit(main())

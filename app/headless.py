@@ -3,8 +3,10 @@ trajectory.npz.
 
     run_headless("scenes/bounce.yaml", frames=120, out_dir="out/bounce", record=True)
 
-Output files (bodies in scene order):
-    metrics.json   scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time (s, all
+Output files (bodies in scene order), each written whole or not at all, metrics.json last; a run first removes the
+results an earlier run left in the directory, so a directory without metrics.json holds no finished run:
+    metrics.json   status ("complete"; "error" after an explosion, with "error" the message; "interrupted" after
+                   Ctrl-C or SIGTERM: the outputs hold the state when it stopped), scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time (s, all
                    frames), steps_per_second (steps / wall_time), first_frame_wall_time (s: the first frame
                    also compiles most kernels, or loads them from Taichi's cache: seconds on a CPU),
                    steps_per_second_after_first_frame (null for one frame), contacts {max, mean, final}
@@ -27,8 +29,12 @@ import time
 import numpy as np
 
 from app.errors import UserError
+from app.files import write_atomic, write_text_atomic
 from app.runtime import ensure_taichi, taichi_program
 from app.scene import load_scene
+
+# What a run writes into its --out directory (metrics.json last: see run_headless).
+RESULT_FILES = ("state.npz", "trajectory.npz", "metrics.json")
 
 # Simulations kept alive per contact storage, so repeated runs in one process (tests, batches) reuse the
 # compiled kernels: Simulation.load refills fields when the capacity suffices.
@@ -79,12 +85,17 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or frames < 1:
         raise UserError(f"--frames: expected an integer >= 1, got {frames!r}")
     scene = load_scene(scene_path, overrides)
-    want = arch if arch not in (None, "auto") else scene.sim["arch"]
-    used = ensure_taichi(want, verbose=progress, scene=scene)
     try:
         os.makedirs(out_dir, exist_ok=True)
+        # an earlier run's results must not pass for this run's if this one stops early
+        for name in RESULT_FILES:
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
     except OSError as e:
-        raise UserError(f"--out {out_dir}: cannot create the output directory ({e.strerror})") from None
+        raise UserError(f"--out {out_dir}: cannot create the output directory or clear its results ({e.strerror})") \
+            from None
+    want = arch if arch not in (None, "auto") else scene.sim["arch"]
+    used = ensure_taichi(want, verbose=progress, scene=scene)
 
     import taichi as ti
 
@@ -93,6 +104,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     sim = get_simulation(scene, verbose=True)
     n = sim.body_count
     energies, contacts, traj_t, traj_p, traj_q = [], [], [], [], []
+    status = "complete"
     max_pen = 0.0
     final_pen = 0.0
     error = None
@@ -124,6 +136,10 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
                 t_first = time.perf_counter() - t0
     except SimulationError as e:
         error = e
+        status = "error"
+    except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (app.errors.Terminated): write what there is, marked
+        error = e
+        status = "interrupted"
     finally:
         if bar:
             bar.stop()
@@ -131,6 +147,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     wall = time.perf_counter() - t0
     stats = sim.contacts.stats()
     metrics = {
+        "status": status,
         "scene": scene.name,
         "scene_path": str(scene_path),
         "arch": used,
@@ -158,17 +175,18 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
         "overflow_total": sim.contacts.overflowed(),
         "overrides": list(overrides or ()),
     }
-    if error is not None:
+    if status == "error":
         metrics["error"] = str(error)
-    with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
-        json.dump(metrics, fh, indent=1)
+    # every file whole or absent (written aside, then renamed), metrics.json last: its status says how the run ended
     shapes = sim.shapes()
-    np.savez(os.path.join(out_dir, "state.npz"), position=sim.positions(), orientation=sim.orientations(),
-             linear_velocity=sim.velocities(), angular_velocity=sim.angular_velocities(), **shapes)
+    state = dict(position=sim.positions(), orientation=sim.orientations(), linear_velocity=sim.velocities(),
+                 angular_velocity=sim.angular_velocities(), **shapes)
+    write_atomic(os.path.join(out_dir, "state.npz"), lambda fh: np.savez(fh, **state))
     if record:
-        np.savez(os.path.join(out_dir, "trajectory.npz"), time=np.asarray(traj_t, np.float64),
-                 position=np.asarray(traj_p, np.float32).reshape(len(traj_t), n, 3),
-                 orientation=np.asarray(traj_q, np.float32).reshape(len(traj_t), n, 4))
+        write_atomic(os.path.join(out_dir, "trajectory.npz"), lambda fh: np.savez(
+            fh, time=np.asarray(traj_t, np.float64), position=np.asarray(traj_p, np.float32).reshape(len(traj_t), n, 3),
+            orientation=np.asarray(traj_q, np.float32).reshape(len(traj_t), n, 4)))
+    write_text_atomic(os.path.join(out_dir, "metrics.json"), json.dumps(metrics, indent=1))
     if error is not None:
         raise error
     return metrics

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from app.batch.plan import RunSpec, expand_runs, load_sweep, parse_seeds, parse_
 from app.batch.process import detect_gpus, run_processes, slot_envs
 from app.batch.store import BatchDir
 from app.batch.worker import cpu_threads_env, headless_argv
-from app.errors import UserError
+from app.errors import UserError, terminate_as_exception
 
 ARCHS = ("auto", "cpu", "cuda")
 
@@ -129,17 +128,6 @@ class _Reporter:
         self.progress.update(self.task, advance=1, failed=self.failed)
 
 
-def _sigterm_as_interrupt():
-    """SIGTERM stops the batch like Ctrl-C: running processes are stopped, finished runs kept."""
-    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        def handler(signum, frame):
-            raise KeyboardInterrupt
-        try:
-            signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not the main thread
-            pass
-
-
 def run_batch(runs: list[RunSpec], settings: dict, out: str, *, workers: int | None = None, resume: bool = False,
               ray_address: str | None = None, timeout: float | None = None, argv_fn=None,
               console: Console | None = None, command: list[str] | None = None) -> dict:
@@ -221,7 +209,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     runs, settings = plan_from_args(args)
     console = Console(stderr=True)
-    _sigterm_as_interrupt()
+    terminate_as_exception()   # (SIGTERM stops the batch like Ctrl-C: running processes stopped, finished runs kept)
     res = run_batch(runs, settings, args.out, workers=args.workers, resume=args.resume, ray_address=args.ray,
                     timeout=args.timeout, console=console, command=["run.py", "batch", *argv])
     console.print(

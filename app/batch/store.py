@@ -29,18 +29,13 @@ from pathlib import Path
 
 from app.batch.plan import RunSpec, scene_seed
 from app.errors import UserError
+from app.files import write_text_atomic
 
 RESULT_FILES = ("metrics.json", "state.npz")
 RECORD_FILE = "trajectory.npz"
 SUMMARY_METRICS = ("steps_per_second", "final_kinetic_energy", "max_penetration", "contacts_max")
 # Settings that must match for --resume to reuse finished runs (a run id does not show them).
 RESUME_KEYS = ("frames", "arch", "record")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -117,7 +112,7 @@ class BatchDir:
         self._lock()
         shutil.rmtree(self.tmp_root, ignore_errors=True)  # runs in progress when a batch was killed
         self.tmp_root.mkdir()
-        _atomic_write(batch_json, json.dumps(config, indent=2))
+        write_text_atomic(batch_json, json.dumps(config, indent=2))
 
     def _lock(self) -> None:
         for _ in range(2):
@@ -233,7 +228,7 @@ class BatchDir:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-        _atomic_write(self.root / "summary.csv", buf.getvalue())
+        write_text_atomic(self.root / "summary.csv", buf.getvalue())
         doc = {
             **settings,
             "columns": columns,
@@ -243,7 +238,7 @@ class BatchDir:
             "failed": sum(r["status"] != "ok" for r in rows),
             "rows": rows,
         }
-        _atomic_write(self.root / "summary.json", json.dumps(doc, indent=2))
+        write_text_atomic(self.root / "summary.json", json.dumps(doc, indent=2))
         return rows
 
 

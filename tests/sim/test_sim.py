@@ -463,6 +463,31 @@ SCENE_RUNS = {
 }
 
 
+def test_an_interrupted_run_writes_whole_files_marked_interrupted(sim, tmp_path):
+    """Ctrl-C or SIGTERM (app.errors.Terminated, raised where the run is) mid-run: the state at that frame and
+    metrics.json with status "interrupted", each file whole; an earlier run's files in the directory are gone
+    first, so they cannot pass for this run's. The exception goes on to run.py (exit 130 / 143)."""
+    from app.errors import Terminated
+    from app.headless import run_headless
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text('{"status": "complete", "frames": 999}')   # left by an earlier run
+    (out / "trajectory.npz").write_bytes(b"stale")
+
+    def stop_at_frame_3(s, f):
+        if f == 3:
+            raise Terminated()
+
+    with pytest.raises(Terminated):
+        run_headless(SCENES / "bounce.yaml", 50, out, arch="cpu", progress=False, on_frame=stop_at_frame_3)
+    disk = json.loads((out / "metrics.json").read_text())
+    assert disk["status"] == "interrupted" and disk["frames"] == 3
+    assert np.load(out / "state.npz")["position"].shape == (disk["bodies"], 3)
+    assert not (out / "trajectory.npz").exists()   # not recorded this time: the stale one is gone
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "state.npz"]   # no temporary file left
+
+
 def test_every_shipped_scene_has_a_ci_run():
     assert {p.stem for p in SCENES.glob("*.yaml")} == set(SCENE_RUNS)
 
@@ -476,6 +501,7 @@ def test_shipped_scene_headless(sim, name, tmp_path):
     m = run_headless(SCENES / f"{name}.yaml", frames, out, arch="cpu", record=True, overrides=overrides,
                      progress=False)
     disk = json.loads((out / "metrics.json").read_text())
+    assert disk["status"] == "complete"
     for key in ("scene", "arch", "bodies", "frames", "steps", "sim_time", "wall_time", "steps_per_second", "contacts",
                 "max_penetration", "kinetic_energy", "vla", "overflow_events"):
         assert key in disk, key
