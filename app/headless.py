@@ -6,7 +6,8 @@ trajectory.npz.
 Output files (bodies in scene order), each written whole or not at all, metrics.json last; a run first removes the
 results an earlier run left in the directory, so a directory without metrics.json holds no finished run:
     metrics.json   status ("complete"; "error" after an explosion, with "error" the message; "interrupted" after
-                   Ctrl-C or SIGTERM: the outputs hold the state when it stopped), scene, scene_path, arch, bodies, frames, steps, dt, substeps, sim_time, wall_time (s, all
+                   Ctrl-C or SIGTERM: the outputs hold the state when it stopped), scene, scene_path, arch,
+                   bodies, frames, steps, dt, substeps, sim_time, wall_time (s, all
                    frames), steps_per_second (steps / wall_time), first_frame_wall_time (s: the first frame
                    also compiles most kernels, or loads them from Taichi's cache: seconds on a CPU),
                    steps_per_second_after_first_frame (null for one frame), contacts {max, mean, final}

@@ -122,6 +122,7 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self.compact_events = 0
         self.overflow_events = 0
         self.recompile_events = 0
+        self._lost = 0   # appends lost by a kernel run without launch, since the last refill (Growth._commit_lost)
 
         reserve_lengths = None
         reserve_elems = 0

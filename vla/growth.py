@@ -45,6 +45,14 @@ def k_clear_all(v: ti.template()):
 
 
 @ti.kernel
+def _k_keep_stored(v: ti.template()):
+    """Every list's length cut to its capacity, and the overflow area emptied (Growth._commit_lost)."""
+    for i in range(v.num_arrays):
+        v.length_field[i] = ti.min(v.length_field[i], v.capacity(i))
+    v._scalars[0] = 0
+
+
+@ti.kernel
 def _k_grow_targets(v: ti.template(), demand: _i32_nd, headroom: ti.i32, moved: _i32_nd) -> ti.i32:
     """moved[i]: the chunks list i must grow to (0: it has room); returns how many lists must grow."""
     grow = 0
@@ -303,6 +311,8 @@ class Growth:
             return
         ovf_cap = self._caps["ovf_value"]
         self.overflow_events += 1
+        if n_ovf > ovf_cap:
+            self._commit_lost(n_ovf, ovf_cap)
         # bump: one launch and one scalar read; lists grow at the pool's end on the device, then the parked elements
         # move home (and the overflow area empties) unless some list found the pool full.
         # ordered: a list grows only through a re-layout of the pool, on the host's side.
@@ -312,20 +322,42 @@ class Growth:
             self._grow_to(demand, headroom=True)  # (counts the growth)
             k_move_overflow_home(self)
             self._release_transient_scratch()
-        if n_ovf > ovf_cap:
-            new_cap = bucket(n_ovf * 1.1)
-            self._regrow("ovf_value", self._store_dtype, new_cap)
-            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap)
-            self._scalars[1] = new_cap
+
+    def _commit_lost(self, n_ovf, ovf_cap):
+        """commit() after more appends overflowed than the overflow area holds: which slots the lost ones had is not
+        known, so every list keeps only the elements in its own storage (its length cut to its capacity: each element
+        it then shows is one that was appended) and the parked ones are dropped too. Capacity and the overflow area
+        grow to the demand, so that running the kernel again fits; until then (vla.launch does it) or a refill
+        (clear_all, from_csr), host reads raise. Raises VLAOverflowError."""
+        demand = self._scratch_nd("demand", self.num_arrays)
+        k_lengths_to_nd(self, demand)
+        _k_keep_stored(self)
+        self._grow_to(demand, headroom=True)
+        self._release_transient_scratch()
+        new_cap = bucket(n_ovf * 1.1)
+        self._regrow("ovf_value", self._store_dtype, new_cap)
+        self._regrow("ovf_meta", ti.types.vector(2, ti.i32), new_cap)
+        self._scalars[1] = new_cap
+        self._lost = n_ovf - ovf_cap
+        raise VLAOverflowError(
+            f"VLA {self.name!r}: a kernel appended {n_ovf} elements beyond the lists' reserved chunks, but the "
+            f"overflow area holds {ovf_cap}; {n_ovf - ovf_cap} were lost, and the lists keep only what reached their "
+            f"storage. "
+            f"Capacity has grown to the demand: run the kernel through vla.launch() (which rolls back and re-runs), or "
+            f"clear and refill.", appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
+
+    def _check_complete(self, what: str):
+        """Refuse to read back a VLA that lost appends (see _commit_lost)."""
+        if self._lost:
             raise VLAOverflowError(
-                f"VLA {self.name!r}: a kernel appended {n_ovf} elements beyond the lists' reserved chunks, but "
-                f"the overflow area holds {ovf_cap}; {n_ovf - ovf_cap} were lost. Capacity has grown to the "
-                f"demand: run the kernel through vla.launch() (which rolls back and re-runs), or clear and refill.",
-                appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
+                f"VLA {self.name!r}.{what}: {self._lost} appends to this VLA were lost by a kernel run without "
+                f"vla.launch, so its lists are incomplete; refill it (run the kernel through vla.launch, or "
+                f"clear_all() / from_csr()) before reading it back", lost=self._lost)
 
     def clear_all(self):
         """Empty every list; reserved chunks stay with their lists (lazy release)."""
         k_clear_all(self)
+        self._lost = 0
 
     def trim(self):
         """Compact the pool, release every chunk the current lengths do not need, shrink the overflow area back to

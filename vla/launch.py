@@ -90,6 +90,8 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
                         appended=e.appended, overflow_capacity=e.overflow_capacity, lost=e.lost) from None
                 lost.append(e)
         if not lost:
+            for v in vlas:
+                v._lost = 0   # (rolled back and run again, or emptied and refilled by fn: complete)
             return result
         for v, (snap, _) in zip(vlas, snaps):
             if snap is not None:

@@ -9,7 +9,7 @@ from taichi.lang.matrix import MatrixType
 from taichi.lang.struct import StructType
 from taichi.lang.util import to_numpy_type
 
-from .errors import VLACapacityError
+from .errors import VLACapacityError, VLAOverflowError
 from .growth import k_clear_all, k_lengths_to_nd
 from .taichi_compat import I32_MAX
 
@@ -45,6 +45,7 @@ class Transfer:
 
     def lengths(self) -> np.ndarray:
         """Lengths of all lists, np.int32 (num_arrays,)."""
+        self._check_complete("lengths")
         out = self._scratch_nd("lengths_out", self.num_arrays)
         k_lengths_to_nd(self, out)
         return out.to_numpy()
@@ -53,6 +54,7 @@ class Transfer:
         """(offsets int64 (num_arrays+1,), values): values is an ndarray, or a dict of ndarrays keyed by struct
         member ('a.b' for nested members). Commits first; packed on the device, so only live elements are copied."""
         self.commit()
+        self._check_complete("to_csr")
         n = self.num_arrays
         lens = self._scratch_nd("lengths_out", n)
         k_lengths_to_nd(self, lens)
@@ -90,8 +92,12 @@ class Transfer:
         if total > I32_MAX:
             raise VLACapacityError(f"VLA {self.name!r}.from_csr: {total} elements exceed the 32-bit index space")
         leaf_values = self._check_values(values, total)
-        self.commit()
+        try:
+            self.commit()
+        except VLAOverflowError:   # (what the VLA held is replaced below)
+            pass
         k_clear_all(self)
+        self._lost = 0
         self._reserve_for(lens.astype(np.int32))
         if total:
             offs_nd = self._scratch_nd("csr_offsets", n + 1)

@@ -185,6 +185,14 @@ def k_reduce_warp(v: ti.template(), sums: ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 
 @ti.kernel
+def k_dump(v: ti.template(), dense: ti.template(), lens: ti.template()):
+    for i in range(v.num_arrays):
+        lens[i] = v.length(i)
+        for k in range(v.length(i)):
+            dense[i, k] = v.get(i, k)
+
+
+@ti.kernel
 def k_contend(v: ti.template(), n: ti.i32):
     for j in range(n):
         v.append(0, j)
@@ -530,6 +538,20 @@ def test_commit_raises_on_loss_and_grows():
     with pytest.raises(VLAOverflowError) as err:
         v.commit()
     assert err.value.appended == 396 and err.value.lost == 388 and "vla.launch" in str(err.value)
+    # the VLA never returns wrong data: host reads refuse, naming the refill; a second commit raises nothing but the
+    # reads still refuse; kernel reads see only appended values (each list cut to what reached its storage)
+    v.commit()
+    for read in (v.to_csr, v.to_lists, v.lengths):
+        with pytest.raises(VLAOverflowError, match="lost by a kernel run without vla.launch"):
+            read()
+    dense = ti.field(ti.i32, shape=(4, 400))
+    lens = ti.field(ti.i32, shape=4)
+    k_dump(v, dense, lens)
+    d, n = dense.to_numpy(), lens.to_numpy()
+    assert 0 < n.sum() < 400
+    for i in range(4):
+        got = d[i, :n[i]].tolist()
+        assert len(set(got)) == len(got) and all(x % 4 == i and 0 <= x < 400 for x in got), i
     # it grew to the demand: the same kernel now fits without overflow
     v.clear_all()
     k_fill_mod(v, 400)
