@@ -7,7 +7,8 @@
 Every run is its own ``run.py SCENE --headless`` process (see app/batch/worker.py), so one Taichi runtime
 per run and a crash or a signal takes down one run, never the batch. Results: DIR/RUN_ID/ per run and
 DIR/summary.csv|json (layout in app/batch/store.py). Exit code 0 when every run is ok, 1 when some
-failed, 2 for bad arguments (one line naming the argument), 130 when interrupted (--resume finishes).
+failed, 2 for bad arguments (one line naming the argument), 130 when interrupted (Ctrl-C), 143 on SIGTERM
+(--resume finishes either).
 """
 from __future__ import annotations
 

@@ -317,8 +317,9 @@ def test_ray_missing_names_the_extra(tmp_path, scene, monkeypatch):
 
 
 def test_sigterm_stops_the_batch_and_resume_finishes(tmp_path, scene, standin):
-    """SIGTERM to the batch: running workers are stopped, finished runs kept, exit 130; --resume then runs
-    only the rest. (The real-simulator test kills the whole process group with SIGKILL instead.)"""
+    """SIGTERM to the batch: running workers are stopped, finished runs kept (the driver here exits 130 on the
+    interrupt; run.py exits 143 on SIGTERM); --resume then runs only the rest. (The real-simulator test kills the
+    whole process group with SIGKILL instead.)"""
     out = tmp_path / "out"
     script = tmp_path / "drive.py"
     script.write_text(textwrap.dedent(f"""
@@ -326,10 +327,11 @@ def test_sigterm_stops_the_batch_and_resume_finishes(tmp_path, scene, standin):
         sys.path.insert(0, {str(ROOT)!r})
         from app.batch import cli as batch
         from app.batch.plan import expand_runs
+        from app.errors import terminate_as_exception
         import test_standin_argv as t
         runs = expand_runs([{scene!r}], [0, 1, 2, 3, 4, 5], [("test.sleep", ["0.7"])])
         s = {{"frames": 3, "arch": None, "record": False, "seeds": None, "parameters": {{}}, "backend": "processes"}}
-        batch._sigterm_as_interrupt()
+        terminate_as_exception()
         try:
             batch.run_batch(runs, s, {str(out)!r}, resume="--resume" in sys.argv, argv_fn=t.argv_fn)
         except KeyboardInterrupt:
