@@ -16,11 +16,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from app.errors import UserError
 from app.scene import yamlio
-from app.scene.loading import read_text
 
 SEED_KEY = "sim.seed"
 # A --set key path: dot-separated names or list indices, e.g. materials.ball.friction, bodies.0.radius.
@@ -163,11 +161,7 @@ def load_sweep(path: str) -> dict:
 
     Returns ``{"scenes": [...], "seeds": [...] or None, "set": [(key, [value texts])]}``."""
     p = Path(path)
-    text = read_text(path, "sweep file")
-    try:
-        data = yamlio.load(text)
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: YAML error {yamlio.describe_error(e)}") from None
+    data = yamlio.load_file(path, "sweep file")
     if data is None:
         raise UserError(f"{path}: empty sweep file (expected keys {sorted(_SWEEP_KEYS)})")
     if not isinstance(data, dict):
@@ -303,7 +297,7 @@ def scene_seed(scene_path: str) -> int | None:
     """The scene's own ``sim.seed`` for the summary when --seeds is not given (0 when the scene does not
     set it, as in the scene schema); None when the file cannot be read (the worker reports why)."""
     try:
-        data = yamlio.load(read_text(scene_path, "scene file"))
+        data = yamlio.load_file(scene_path, "scene file")
         seed = (data.get("sim") or {}).get("seed", 0)
         return int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
     except Exception:

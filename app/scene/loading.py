@@ -29,43 +29,11 @@ from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MATERIAL_KEYS,
                               material as _material, num as _num, quat as _quat, str_ as _str, vec as _vec)
 
 
-def read_text(path, what: str) -> str:
-    """The text of a file a user named: a regular file (not a directory, FIFO or device, which could block or
-    never end) of at most LIMITS["file_bytes"], UTF-8. Raises UserError naming the file."""
-    import stat
-
-    path = str(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise UserError(f"{path}: {what} not found") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the {what} ({e.strerror})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise UserError(f"{path}: is a directory, expected a {what}")
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{path}: not a regular file (a pipe or a device?), expected a {what}")
-    if st.st_size > limit("file_bytes"):
-        raise UserError(f"{path}: {st.st_size:,} bytes, more than a {what} may have ({limit('file_bytes'):,}; "
-                        f"SMOLVLA_LIMITS=file_bytes=N raises the limit)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the {what} ({e})") from None
-
-
 def read_yaml(path) -> dict:
     path = str(path)
     if not os.path.exists(path):
         raise UserError(f"{path}: scene file not found (expected a YAML file; shipped scenes are in scenes/)")
-    text = read_text(path, "scene file")
-    if not text.strip():
-        raise UserError(f"{path}: the scene file is empty (expected a mapping with name, sim, materials, bodies)")
-    try:
-        data = yamlio.load(text)
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: YAML error {yamlio.describe_error(e)}") from None
+    data = yamlio.load_file(path, "scene file")
     if data is None:
         raise UserError(f"{path}: the scene file is empty (expected a mapping with name, sim, materials, bodies)")
     if not isinstance(data, dict):

@@ -5,10 +5,13 @@ silently); numbers written as `2e-3` or `1e10` are floats, as in YAML 1.2 (YAML 
 reads `2e-3` as a string); and a document may use at most LIMITS["aliases"] aliases (`*name`), so that a small
 file cannot stand for an exponentially large one (a "billion laughs").
 """
+import os
 import re
+import stat
 
 import yaml
 
+from app.errors import UserError
 from app.scene.schema import limit
 
 
@@ -66,3 +69,36 @@ def describe_error(e: "yaml.YAMLError") -> str:
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown line"
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     return f"at {where}: {problem}"
+
+
+def read_text(path, what: str) -> str:
+    """The text of a file a user named: a regular file (not a directory, FIFO or device, which could block or
+    never end) of at most LIMITS["file_bytes"], UTF-8. Raises UserError naming the file."""
+    path = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a directory, expected a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path}: not a regular file (a pipe or a device?), expected a {what}")
+    if st.st_size > limit("file_bytes"):
+        raise UserError(f"{path}: {st.st_size:,} bytes, more than a {what} may have ({limit('file_bytes'):,}; "
+                        f"SMOLVLA_LIMITS=file_bytes=N raises the limit)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the {what} ({e})") from None
+
+
+def load_file(path, what: str):
+    """The YAML document in file `path` (read_text, then load); None for an empty file. Raises UserError naming the
+    file, with the line of a YAML error."""
+    try:
+        return load(read_text(path, what))
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: YAML error {describe_error(e)}") from None
