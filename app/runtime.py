@@ -47,8 +47,26 @@ def pick_arch(arch: str) -> str:
     import taichi as ti
 
     if arch == "auto":
-        return "cuda" if is_arch_supported(ti.cuda) else "cpu"
+        # Without the CUDA driver library there is no GPU to find, and asking Taichi would print its warning
+        # (libcuda.so not found) on every CPU machine.
+        return "cuda" if _cuda_driver_present() and is_arch_supported(ti.cuda) else "cpu"
     return arch
+
+
+# Where the CUDA driver library lives on Linux machines and containers, beside the linker's cache and LD_LIBRARY_PATH.
+CUDA_DRIVER_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                    "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/lib64")
+
+
+def _cuda_driver_present() -> bool:
+    import ctypes.util
+    import glob
+    import os
+
+    if sys.platform != "linux" or ctypes.util.find_library("cuda") is not None:
+        return True   # (elsewhere Taichi is asked as it comes)
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(CUDA_DRIVER_DIRS)
+    return any(glob.glob(os.path.join(d, "libcuda.so*")) for d in dirs)
 
 
 NO_CUDA = "--arch cuda: no CUDA device is available here (use --arch auto or cpu)"

@@ -51,3 +51,19 @@ def test_sigterm_ends_a_run_with_143_and_one_line(tmp_path):
     assert proc.wait(timeout=60) == 143, err
     assert err.strip().splitlines()[-1] == "terminated (SIGTERM)" and "Traceback" not in err
     assert not (out / "metrics.json").exists() or "\"interrupted\"" in (out / "metrics.json").read_text()
+
+
+def test_auto_arch_asks_taichi_for_cuda_only_where_a_driver_library_is(tmp_path, monkeypatch):
+    """Asking Taichi about CUDA prints "libcuda.so lib not found" on every CPU machine: --arch auto first looks for
+    the driver library (the linker's cache, LD_LIBRARY_PATH, the usual directories)."""
+    import ctypes.util
+
+    from app import runtime
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(runtime, "CUDA_DRIVER_DIRS", ())
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    assert not runtime._cuda_driver_present()
+    assert runtime.pick_arch("auto") == "cpu" and runtime.pick_arch("cuda") == "cuda"
+    (tmp_path / "libcuda.so.1").write_bytes(b"")
+    assert runtime._cuda_driver_present()
