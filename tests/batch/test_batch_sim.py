@@ -199,3 +199,28 @@ def test_worker_killed_by_a_signal_is_failed_and_the_rest_finish(tmp_path):
     assert rows["1"]["status"] == "failed" and rows["1"]["error"] == "killed by SIGKILL"
     assert rows["0"]["status"] == "ok" and rows["2"]["status"] == "ok"
     assert json.loads((out / rows["1"]["run_id"] / "run.json").read_text())["returncode"] == -signal.SIGKILL
+
+
+def test_a_driver_killed_outright_takes_its_worker_with_it(tmp_path):
+    """SIGKILL to the batch driver alone (not its process group): its running worker gets SIGTERM from the kernel
+    (PR_SET_PDEATHSIG) and ends, instead of running on with nobody to collect its result."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "run.py", "batch", SCENE, "--seeds", "0", "--frames", "100000", "--out",
+                             str(out), "--workers", "1", "--arch", "cpu"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = None
+    deadline = time.monotonic() + 120
+    while worker is None and time.monotonic() < deadline and proc.poll() is None:
+        worker = next((k for k in _children(proc.pid) if b"--headless" in _cmdline(k)), None)
+        time.sleep(0.02)
+    assert worker is not None, "never saw the worker"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{worker}").exists() and \
+            b"zombie" not in Path(f"/proc/{worker}/status").read_bytes().lower():
+        time.sleep(0.05)
+    gone = not Path(f"/proc/{worker}").exists() or b"zombie" in Path(f"/proc/{worker}/status").read_bytes().lower()
+    if not gone:
+        os.kill(worker, signal.SIGKILL)
+    assert gone, "the worker ran on after its driver was killed"
