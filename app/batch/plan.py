@@ -239,11 +239,24 @@ def make_run_id(scene_label: str, seed: int | None, params) -> str:
     return run_id
 
 
+# Names a batch directory holds beside its run directories (app.batch.store, app.batch.report): no run id may be
+# one of them, nor start with a dot (".", "..", hidden files).
+BATCH_FILE_NAMES = frozenset({"batch.json", "summary.csv", "summary.json", "report", ".tmp", ".lock"})
+
+
+def _label(stem: str) -> str:
+    """A scene file's stem made safe as the start of a run id: no dot in front, none of BATCH_FILE_NAMES."""
+    safe = _id_part(stem)[0]
+    if not safe or safe.startswith(".") or safe in BATCH_FILE_NAMES:
+        safe = "scene_" + safe.lstrip(".")
+    return safe
+
+
 def _scene_labels(scene_paths: list[str]) -> dict[str, str]:
-    """File stem per scene; scenes that share a stem (a/x.yaml, b/x.yaml) get a hash of their path."""
+    """File stem per scene (_label); scenes that share one (a/x.yaml, b/x.yaml) get a hash of their path."""
     stems: dict[str, list[str]] = {}
     for s in scene_paths:
-        stems.setdefault(_id_part(Path(s).stem)[0], []).append(s)
+        stems.setdefault(_label(Path(s).stem), []).append(s)
     labels = {}
     for stem, paths in stems.items():
         for s in paths:

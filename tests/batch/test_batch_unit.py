@@ -406,3 +406,18 @@ def test_report_writes_plots_and_prints_the_table(tmp_path, scene, standin):
     assert len(md) == 2 + 4 and "| tiny__seed0__test.mode=ok | 0 | ok | ok | 1000" in md[2]
     p = run_cli("report", str(tmp_path))
     assert p.returncode == 2 and "no summary.json" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_run_ids_never_name_the_batchs_own_files(tmp_path):
+    """Scene files named like the batch directory's own files (summary.csv.yaml, batch.json.yaml, ..yaml,
+    .tmp.yaml, report.yaml) give run ids that are none of them and start with no dot; all stay distinct."""
+    names = ["summary.csv.yaml", "summary.json.yaml", "batch.json.yaml", "..yaml", ".tmp.yaml", ".lock.yaml",
+             "report.yaml", ".hidden.yaml"]
+    for n in names:
+        (tmp_path / n).write_text("name: x\n")
+    runs = expand_runs([str(tmp_path / n) for n in names], None, [])
+    ids = [r.run_id for r in runs]
+    assert len(set(ids)) == len(ids) == len(names)
+    for i in ids:
+        assert not i.startswith(".") and i not in {"batch.json", "summary.csv", "summary.json", "report", ".tmp",
+                                                   ".lock", ".", ".."}, i
