@@ -16,7 +16,7 @@ from . import layout as _layout
 from . import taichi_compat
 from .append import Appending
 from .errors import VLACapacityError
-from .growth import Growth
+from .growth import Growth, check_reserve
 from .iteration import Iteration
 from .layout import Addressing, check_dtype, element_bytes, leaves, storage_words
 from .scan import Scanner
@@ -75,6 +75,9 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         check_runs(runs)
         if overflow_capacity is not None:
             _check_int("overflow_capacity", overflow_capacity, 1)
+        if num_arrays >= taichi_compat.I32_MAX:   # (the lists' tables have num_arrays + 1 entries)
+            raise VLACapacityError(f"VLA {name!r}: num_arrays = {num_arrays} exceeds the 32-bit index space (at "
+                                   f"most {taichi_compat.I32_MAX - 1}); split the lists over several VLAs")
         if num_arrays * max(inline_capacity, 1) > taichi_compat.I32_MAX:
             raise VLACapacityError(
                 f"VLA {name!r}: num_arrays * inline_capacity = {num_arrays * inline_capacity} exceeds the "
@@ -99,6 +102,31 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
 
         n = self.num_arrays
         self._n_inline = self.inline_capacity * n
+        reserve_lengths = None
+        reserve_elems = 0
+        if reserve is not None:
+            if isinstance(reserve, (int, np.integer)) and not isinstance(reserve, bool):
+                if reserve < 0:
+                    raise ValueError(f"VLA reserve must be >= 0, got {reserve}")
+                reserve_elems = int(reserve)
+            else:
+                reserve_lengths = np.asarray(reserve)
+                if reserve_lengths.shape != (n,) or not np.issubdtype(reserve_lengths.dtype, np.integer):
+                    raise ValueError(f"VLA reserve as per-array lengths must be integers of shape ({n},), got "
+                                     f"{reserve_lengths.dtype} {reserve_lengths.shape}")
+                if (reserve_lengths < 0).any():
+                    raise ValueError("VLA reserve lengths must be >= 0")
+        # Every size is checked before the first tree is made: a refused VLA leaves nothing behind.
+        check_reserve(name, n, self.inline_capacity, self.chunk_size,
+                      reserve_elems if reserve_lengths is None else reserve_lengths)
+        pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
+        ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
+        if ovf > taichi_compat.I32_MAX:
+            raise VLACapacityError(f"VLA {name!r}: overflow_capacity = {ovf} exceeds the 32-bit index space")
+        taichi_compat.check_allocation(
+            4 * (3 * n + 17) + (self._n_inline + pool_chunks * self.chunk_size) * self.storage_bytes
+            + 4 * self._owner_len(pool_chunks) + ovf * (self.storage_bytes + 8), f"VLA {name!r}")
+
         # Fixed part: never reallocated. table_start[i], table_chunks[i]: list i's run of pool chunks (runs="ordered":
         # no table_chunks; table_start has a closing entry [n], the end of the last run). _scalars: vla.append.
         ordered = runs == "ordered"
@@ -124,26 +152,9 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self.recompile_events = 0
         self._lost = 0   # appends lost by a kernel run without launch, since the last refill (Growth._commit_lost)
 
-        reserve_lengths = None
-        reserve_elems = 0
-        if reserve is not None:
-            if isinstance(reserve, (int, np.integer)) and not isinstance(reserve, bool):
-                if reserve < 0:
-                    raise ValueError(f"VLA reserve must be >= 0, got {reserve}")
-                reserve_elems = int(reserve)
-            else:
-                reserve_lengths = np.asarray(reserve)
-                if reserve_lengths.shape != (n,) or not np.issubdtype(reserve_lengths.dtype, np.integer):
-                    raise ValueError(f"VLA reserve as per-array lengths must be integers of shape ({n},), got "
-                                     f"{reserve_lengths.dtype} {reserve_lengths.shape}")
-                if (reserve_lengths < 0).any():
-                    raise ValueError("VLA reserve lengths must be >= 0")
-
-        pool_chunks = max(1, -(-reserve_elems // self.chunk_size))
         self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
         self._alloc("table_owner", ti.i32, self._owner_len(pool_chunks))
-        ovf = int(overflow_capacity) if overflow_capacity is not None else max(1024, n // 64)
         self._default_ovf = ovf
         self._alloc("ovf_value", self._store_dtype, ovf)
         self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
@@ -154,7 +165,7 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self._prog = taichi_compat.program()
         LIVE.add(self)
         if reserve_lengths is not None:
-            self._reserve_for(reserve_lengths.astype(np.int32))
+            self._reserve_for(reserve_lengths)
 
     @property
     def slot_capacity(self) -> int:
@@ -168,6 +179,7 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         metadata (per list, per chunk, per overflow slot). scratch_bytes: the work buffers the VLA keeps for reuse
         (launch's and Batch's rollback snapshots, the buffers of lengths(), to_csr() and permute(), the prefix sum's
         block sums, the re-layout staging; trim() frees them); device_bytes: both, all the device memory it holds."""
+        self._check_program()
         live = int(_k_sum_lengths(self))
         eb = self.element_bytes
         pool_chunks = self._caps["pool_chunks"]
@@ -206,16 +218,21 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         }
 
     def release(self):
-        """Free the device memory now (the VLA is unusable afterwards; Taichi drops compiled kernels)."""
-        for tree in self._trees.values():
-            tree.destroy()
+        """Free the device memory now (the VLA is unusable afterwards; Taichi drops compiled kernels). After
+        ti.init()/ti.reset() the memory has gone with its program: then this only forgets the VLA's trees."""
+        if self._prog is not None and taichi_compat.program() is self._prog:
+            for tree in self._trees.values():
+                tree.destroy()
+            self._fixed_tree.destroy()
+        elif self._prog is not None:   # its ndarrays must not be freed through a later program (__del__)
+            taichi_compat.bury((self._scratch, self._scanner))
         self._trees = {}
-        self._fixed_tree.destroy()
+        self._prog = None   # (every host operation refuses from now on: _check_program)
         LIVE.discard(self)
 
     def __del__(self):
         try:
-            if taichi_compat.program() is not self._prog:
+            if self._prog is not None and taichi_compat.program() is not self._prog:
                 taichi_compat.bury((self._scratch, self._scanner))
         except Exception:  # interpreter shutdown: nothing to protect any more
             pass
@@ -226,6 +243,8 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
 
     # ------------------------------------------------------------------ host-side internals
     def _check_program(self):
+        if self._prog is None:
+            raise RuntimeError(f"VLA {self.name!r} was released (VLA.release()); create a new one")
         if taichi_compat.program() is not self._prog:
             raise RuntimeError(f"VLA {self.name!r} belongs to a Taichi program that ti.init()/ti.reset() has "
                                f"ended; create the VLA again after ti.init()")

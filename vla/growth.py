@@ -17,7 +17,8 @@ import taichi as ti
 
 from . import taichi_compat
 from .append import k_move_overflow_home, move_overflow_home
-from .errors import VLAOverflowError
+from .errors import VLACapacityError, VLAOverflowError
+from .taichi_compat import I32_MAX
 
 # A pool that must be compacted to make room grows if less than ~10% of it would stay free, to 1.1x the demand
 # rounded up along 2^(k/8) (1.1-1.2x): on an H200's 1M-body pile, 1.2x rounded along 2^(k/4) left the pool 1.2x
@@ -45,11 +46,20 @@ def k_clear_all(v: ti.template()):
 
 
 @ti.kernel
-def _k_keep_stored(v: ti.template()):
-    """Every list's length cut to its capacity, and the overflow area emptied (Growth._commit_lost)."""
+def _k_complete_lengths(v: ti.template(), parked: _i32_nd, kept: _i32_nd):
+    """After appends overflowed the overflow area (Growth._commit_lost): kept[i], the length list i can show without
+    a slot that was never written. A list whose appends beyond its capacity are all parked (each in its own slot of
+    the area) keeps its length; any other list is cut to its capacity (the elements in its own storage)."""
     for i in range(v.num_arrays):
-        v.length_field[i] = ti.min(v.length_field[i], v.capacity(i))
-    v._scalars[0] = 0
+        parked[i] = 0
+    for o in range(ti.min(v._scalars[0], v._scalars[1])):
+        meta = v.ovf_meta[o]
+        if v.capacity(meta[0]) <= meta[1] < v.length_field[meta[0]]:
+            ti.atomic_add(parked[meta[0]], 1)
+    for i in range(v.num_arrays):
+        n = v.length_field[i]
+        cap = v.capacity(i)
+        kept[i] = n if n <= cap or parked[i] == n - cap else cap
 
 
 @ti.kernel
@@ -280,6 +290,12 @@ def _k_permute(v: ti.template(), order: ti.template(), first: ti.i32, count: ti.
 
 
 @ti.kernel
+def k_nd_to_lengths(v: ti.template(), src: _i32_nd):
+    for i in range(v.num_arrays):
+        v.length_field[i] = src[i]
+
+
+@ti.kernel
 def k_lengths_to_nd(v: ti.template(), out: _i32_nd):
     for i in range(v.num_arrays):
         out[i] = v.length_field[i]
@@ -288,6 +304,25 @@ def k_lengths_to_nd(v: ti.template(), out: _i32_nd):
 # ----------------------------------------------------------------------------------------------------
 # The host side
 # ----------------------------------------------------------------------------------------------------
+def check_reserve(name, num_arrays, inline_capacity, chunk_size, lengths) -> np.ndarray:
+    """Per-list lengths to reserve as int32, refused (VLACapacityError) before anything is allocated when the slots
+    they need (inline tier and whole chunks) exceed the 32-bit index space; an int is a pool reserve."""
+    if np.ndim(lengths) == 0:
+        pool = -(-int(lengths) // chunk_size) * chunk_size
+        total = int(lengths)
+    else:
+        lengths = np.asarray(lengths, dtype=np.int64)
+        pool = int(np.sum(-(-np.maximum(lengths - inline_capacity, 0) // chunk_size))) * chunk_size
+        total = int(lengths.sum())
+    pool = max(pool, chunk_size)   # (the pool holds at least one chunk)
+    if num_arrays * inline_capacity + pool > I32_MAX:
+        raise VLACapacityError(
+            f"VLA {name!r}: {num_arrays} lists x {inline_capacity} inline slots and a pool of {pool} slots (chunk_size "
+            f"{chunk_size}, a reserve of {total} elements) exceed the 32-bit index space ({I32_MAX} slots); lower "
+            f"chunk_size or the reserve, or split the lists over several VLAs")
+    return None if np.ndim(lengths) == 0 else lengths.astype(np.int32)
+
+
 class Growth:
     """commit, clear_all, trim, reserve and permute of :class:`vla.VLA` (a mixin)."""
 
@@ -295,7 +330,7 @@ class Growth:
     # list's worth of i32 each, given back when the operation ends, because those paths allocate and copy far more
     # than these anyway. The others stay for reuse: launch's and Batch's snapshots (every call), lengths()/to_csr()'s
     # and permute()'s buffers.
-    _TRANSIENT_SCRATCH = ("demand", "moved", "target", "new_start")
+    _TRANSIENT_SCRATCH = ("demand", "moved", "target", "new_start", "parked", "kept")
 
     def commit(self):
         """Make every element appended since the last commit readable; grow capacity as needed.
@@ -324,15 +359,22 @@ class Growth:
             self._release_transient_scratch()
 
     def _commit_lost(self, n_ovf, ovf_cap):
-        """commit() after more appends overflowed than the overflow area holds: which slots the lost ones had is not
-        known, so every list keeps only the elements in its own storage (its length cut to its capacity: each element
-        it then shows is one that was appended) and the parked ones are dropped too. Capacity and the overflow area
-        grow to the demand, so that running the kernel again fits; until then (vla.launch does it) or a refill
-        (clear_all, from_csr), host reads raise. Raises VLAOverflowError."""
+        """commit() after more appends overflowed than the overflow area holds. Which slots the lost ones had is not
+        known, so a list that lost any keeps only the elements in its own storage (its length cut to its capacity:
+        each element it then shows is one that was appended); the others keep everything. Capacity and the overflow
+        area grow to the demand, so that running the kernel again fits. Host reads raise until the whole VLA is
+        refilled (clear_all, from_csr): vla.launch never gets here, it rolls back and re-runs. Raises
+        VLAOverflowError."""
         demand = self._scratch_nd("demand", self.num_arrays)
         k_lengths_to_nd(self, demand)
-        _k_keep_stored(self)
+        parked = self._scratch_nd("parked", self.num_arrays)
+        kept = self._scratch_nd("kept", self.num_arrays)
+        _k_complete_lengths(self, parked, kept)
         self._grow_to(demand, headroom=True)
+        # Every parked append goes home, those of cut lists too: launch() rolls lengths back to before its call, and
+        # appends parked before the call (always among those kept: they came first) must then be there.
+        k_move_overflow_home(self)
+        k_nd_to_lengths(self, kept)
         self._release_transient_scratch()
         new_cap = bucket(n_ovf * 1.1)
         self._regrow("ovf_value", self._store_dtype, new_cap)
@@ -342,20 +384,21 @@ class Growth:
         raise VLAOverflowError(
             f"VLA {self.name!r}: a kernel appended {n_ovf} elements beyond the lists' reserved chunks, but the "
             f"overflow area holds {ovf_cap}; {n_ovf - ovf_cap} were lost, and the lists keep only what reached their "
-            f"storage. "
-            f"Capacity has grown to the demand: run the kernel through vla.launch() (which rolls back and re-runs), or "
-            f"clear and refill.", appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
+            f"storage; reads raise until it is refilled. Capacity has grown to the demand: clear_all() (or from_csr()) "
+            f"and fill it again, through vla.launch(), which rolls back and re-runs a kernel instead of losing "
+            f"appends.", appended=n_ovf, overflow_capacity=ovf_cap, lost=n_ovf - ovf_cap)
 
     def _check_complete(self, what: str):
         """Refuse to read back a VLA that lost appends (see _commit_lost)."""
         if self._lost:
             raise VLAOverflowError(
                 f"VLA {self.name!r}.{what}: {self._lost} appends to this VLA were lost by a kernel run without "
-                f"vla.launch, so its lists are incomplete; refill it (run the kernel through vla.launch, or "
-                f"clear_all() / from_csr()) before reading it back", lost=self._lost)
+                f"vla.launch, so its lists are incomplete; refill it before reading it back: clear_all() and run the "
+                f"kernel again through vla.launch, or from_csr()", lost=self._lost)
 
     def clear_all(self):
         """Empty every list; reserved chunks stay with their lists (lazy release)."""
+        self._check_program()
         k_clear_all(self)
         self._lost = 0
 
@@ -376,11 +419,12 @@ class Growth:
 
     def reserve(self, lengths):
         """Pre-assign capacity so each list i can hold lengths[i] elements without overflow."""
+        self._check_program()
         lengths = np.asarray(lengths)
         if lengths.shape != (self.num_arrays,) or not np.issubdtype(lengths.dtype, np.integer) or (lengths < 0).any():
             raise ValueError(f"VLA {self.name!r}.reserve: need {self.num_arrays} non-negative integer lengths, "
                              f"got {lengths.dtype} {lengths.shape}")
-        self._reserve_for(lengths.astype(np.int32))
+        self._reserve_for(lengths)
 
     def permute(self, order, first=0, count=None):
         """Reorder lists in place: list first + k becomes what list first + order[k] was (k < count), with its
@@ -389,6 +433,7 @@ class Growth:
         an int, or a sequence of ints to permute several disjoint ranges of count lists by the same order (one
         staging buffer for all). Cost: the lists' inline parts and chunk tables; pool elements do not move. Appends
         still in the overflow area are committed first. Not available with runs="ordered"."""
+        self._check_program()
         firsts = [int(first)] if isinstance(first, (int, np.integer)) else [int(f) for f in first]
         count = self.num_arrays - firsts[0] if count is None else int(count)
         ends = sorted((f, f + count) for f in firsts)
@@ -456,6 +501,7 @@ class Growth:
         return self._after_claims()
 
     def _reserve_for(self, lengths_np):
+        lengths_np = check_reserve(self.name, self.num_arrays, self.inline_capacity, self.chunk_size, lengths_np)
         demand = self._scratch_nd("demand", self.num_arrays)
         demand.from_numpy(lengths_np)
         self._grow_to(demand, headroom=False)

@@ -1,11 +1,15 @@
 """Running kernels so that no append is ever lost: launch(), and Batch for launches checked with one host read."""
+import inspect
+import weakref
+
+import numpy as np
 import taichi as ti
+from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 
 from . import taichi_compat
 from .array import LIVE, VLA
 from .errors import VLAOverflowError
-from .growth import k_commit_device
-from .transfer import k_nd_to_lengths
+from .growth import k_commit_device, k_nd_to_lengths
 
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
@@ -16,6 +20,12 @@ def _k_snapshot(v: ti.template(), out: _i32_nd):
     for i in range(v.num_arrays):
         out[i] = v.length_field[i]
     out[v.num_arrays] = v._scalars[0]
+
+
+@ti.kernel
+def _k_pending(v: ti.template(), out: _i32_nd):
+    """The overflowed appends not yet committed, at out[0]."""
+    out[0] = v._scalars[0]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -37,15 +47,114 @@ def _find_vlas(obj, found, depth=0):
                     _find_vlas(x, found, depth + 1)
 
 
-def _affected_vlas(args, vlas):
-    """The VLAs a launch commits: `vlas` if given, else those among args, else every live one."""
+# What a kernel can reach beyond its arguments: the globals and closure cells its code names (VLAs there, or held one
+# attribute or container level down), and the same for every @ti.func / @ti.kernel / Python function it names. The
+# walk over code runs once per function (_ROOTS); the names are looked up again at every launch, so a global rebound
+# to another VLA is seen.
+_ROOTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SKIP_MODULES = ("taichi", "numpy", "vla.", "builtins")
+
+
+def _python_function(fn):
+    """(the Python function behind fn or None, the object a kernel method is bound to or None)."""
+    owner = None
+    if isinstance(fn, _BoundedDifferentiableMethod):
+        owner, fn = fn._kernel_owner, fn._primal.func
+    elif inspect.ismethod(fn):
+        owner, fn = fn.__self__, fn.__func__
+    if hasattr(fn, "_primal"):                            # @ti.kernel
+        fn = fn._primal.func
+    elif getattr(fn, "_is_taichi_function", False):       # @ti.func
+        fn = fn.func.func
+    if not inspect.isfunction(fn) and callable(fn) and inspect.ismethod(getattr(fn, "__call__", None)):
+        return _python_function(fn.__call__)
+    return (fn if inspect.isfunction(fn) else None), owner
+
+
+def _code_names(code):
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            names |= _code_names(c)
+    return names
+
+
+def _roots(func, seen):
+    """(places, attribute names): the (dict, key) pairs and closure cells whose values func's code can reach."""
+    if func in _ROOTS:
+        return _ROOTS[func]
+    places, attrs = [], set()
+    _ROOTS[func] = (places, attrs)   # (a recursion through func itself ends here)
+    names = _code_names(func.__code__)
+    attrs |= names
+    spaces = [func.__globals__]
+    for cell in func.__closure__ or ():
+        places.append(cell)
+    while spaces:
+        space = spaces.pop()
+        for name in names:
+            if name not in space:
+                continue
+            obj = space[name]
+            if inspect.ismodule(obj):
+                if not obj.__name__.startswith(_SKIP_MODULES) and obj.__dict__ not in spaces and len(seen) < 64:
+                    seen.add(id(obj))
+                    spaces.append(obj.__dict__)
+                continue
+            if inspect.isclass(obj):
+                continue
+            inner, _ = _python_function(obj) if callable(obj) else (None, None)
+            if inner is not None:
+                if not (inner.__module__ or "").startswith(_SKIP_MODULES) and id(inner) not in seen:
+                    seen.add(id(inner))
+                    p, a = _roots(inner, seen)
+                    places.extend(p)
+                    attrs |= a
+                continue
+            places.append((space, name))
+    return places, attrs
+
+
+def reachable_vlas(fn) -> dict:
+    """The VLAs fn can reach other than through its arguments: {id: VLA} (see _ROOTS above)."""
+    found = {}
+    func, owner = _python_function(fn)
+    if owner is not None:
+        _find_vlas(owner, found)
+    if func is None:
+        return found
+    places, attrs = _roots(func, set())
+    for place in places:
+        try:
+            obj = place.cell_contents if not isinstance(place, tuple) else place[0].get(place[1])
+        except ValueError:   # (an empty cell)
+            continue
+        if obj is None or isinstance(obj, (int, float, str, bytes, np.ndarray)):
+            continue
+        _find_vlas(obj, found)
+        fields = getattr(obj, "__dict__", None)
+        if isinstance(fields, dict):
+            for a in attrs:
+                x = fields.get(a)
+                if x is not None and not isinstance(x, (int, float, str)):
+                    _find_vlas(x, found)
+    return found
+
+
+def _affected_vlas(fn, args, vlas):
+    """The VLAs a launch commits: `vlas` if given, else those among args, else every live one; and in every case
+    the VLAs fn reaches beyond its arguments (reachable_vlas), so that none of them gets an append twice."""
+    found = {}
     if vlas is None:
-        found = {}
         for a in args:
             _find_vlas(a, found)
+    else:
+        found = {id(v): v for v in vlas}
+    found.update(reachable_vlas(fn))
+    if not found and vlas is None:
         prog = taichi_compat.program()
-        vlas = list(found.values()) or [v for v in LIVE if v._prog is prog]
-    return list(vlas)
+        return [v for v in LIVE if v._prog is prog]
+    return list(found.values())
 
 
 def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
@@ -57,44 +166,50 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
     and append, but must not depend on state it modified itself during a failed attempt.
 
     The affected VLAs are ``vlas`` if given, else those found among the arguments (also inside
-    containers and data-oriented objects, two levels deep), else every live VLA.
+    containers and data-oriented objects, two levels deep), else every live VLA; with, in every case, those fn
+    reaches through globals and closures (its own code's and that of the functions it names: reachable_vlas), so
+    that a re-run appends to none of them twice.
 
     ``rollback=False``: for an ``fn`` that empties every list it appends to before appending (a per-frame
-    rebuild). Re-running it is then safe as it is, so no snapshot of the lengths is taken: one launch per
-    VLA less on every call.
+    rebuild). Re-running it is then safe as it is, so no snapshot of the lengths is taken (one number per VLA
+    instead of every length).
     Returns what ``fn`` returned.
     """
-    vlas = _affected_vlas(args, vlas)
-    # Snapshot on the device (no host sync): lengths, and the appends still waiting in the overflow area
-    # from before the call (they are moved home by the commit below, like the call's own).
+    vlas = _affected_vlas(fn, args, vlas)
+    # Snapshot on the device (no host sync): lengths (rollback only), and the appends still waiting in the overflow
+    # area from before the call (they are moved home by the commit below, like the call's own).
     snaps = []
     for v in vlas:
         v._check_program()
         if rollback:
             snap = v._scratch_nd("launch_snapshot", v.num_arrays + 1)  # reused: launch allocates nothing
             _k_snapshot(v, snap)
-            snaps.append((snap, v._caps["ovf_value"]))
+            snaps.append((snap, v.num_arrays, v._caps["ovf_value"], v._lost))
         else:
-            snaps.append((None, v._caps["ovf_value"]))
+            snap = v._scratch_nd("launch_pending", 1)
+            _k_pending(v, snap)
+            snaps.append((snap, 0, v._caps["ovf_value"], v._lost))
     for attempt in range(max_retries + 1):
         result = fn(*args)
         lost = []
-        for v, (snap, ovf_cap) in zip(vlas, snaps):
+        for v, (snap, at, ovf_cap, _) in zip(vlas, snaps):
             try:
                 v.commit()  # one host read per VLA when nothing overflowed
             except VLAOverflowError as e:
-                if snap is not None and int(snap[v.num_arrays]) > ovf_cap:
+                if int(snap[at]) > ovf_cap:
                     raise VLAOverflowError(
                         f"vla.launch: VLA {v.name!r} had already lost appends made before this call (outside "
                         f"launch), which re-running {getattr(fn, '__name__', fn)} cannot restore: {e}",
                         appended=e.appended, overflow_capacity=e.overflow_capacity, lost=e.lost) from None
                 lost.append(e)
         if not lost:
-            for v in vlas:
-                v._lost = 0   # (rolled back and run again, or emptied and refilled by fn: complete)
+            # Rolled back and run again (or emptied and refilled by fn): as complete as before the call; a VLA
+            # that had lost appends before stays unreadable until refilled.
+            for v, (_, _, _, was_lost) in zip(vlas, snaps):
+                v._lost = was_lost
             return result
-        for v, (snap, _) in zip(vlas, snaps):
-            if snap is not None:
+        if rollback:
+            for v, (snap, _, _, _) in zip(vlas, snaps):
                 k_nd_to_lengths(v, snap)
     raise VLAOverflowError(
         f"vla.launch: {getattr(fn, '__name__', fn)} still overflowed after {max_retries} retries "
@@ -201,7 +316,7 @@ class Batch:
     def launch(self, fn, *args, vlas=None, rollback=True):
         """Run ``fn(*args)`` and commit the affected VLAs on the device (no host read). ``vlas`` and ``rollback``
         as for :func:`launch`. Returns what ``fn`` returned."""
-        vlas = _affected_vlas(args, vlas)
+        vlas = _affected_vlas(fn, args, vlas)
         snaps = []
         for v in vlas:
             v._check_program()

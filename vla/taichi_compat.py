@@ -13,14 +13,21 @@
   silently). A growth reuses the id it frees, so the count rises only with trees made and never released: VLAs
   and Batches created again and again without ``release()``. :func:`finalize` stops short of the limit with an
   error that says so, leaving a few ids to the application's own fields.
+* **A refused allocation breaks the CPU backend.** Taichi's CPU backend asks the OS for a new tree's memory at once,
+  and once the OS refuses (a request beyond the machine's memory) every later field of the process fails too.
+  :func:`place` and :func:`check_allocation` refuse such a size first, with the size in the message.
 * **Ndarrays outlive their program.** ``Ndarray.__del__`` frees its memory through the *current* program, so an
   ndarray of a VLA that outlived its program (``ti.reset()``, a new ``ti.init``) must not die under a newer one
   (it would free that program's memory: wrong results, segfaults). :func:`bury` keeps such objects, inert, until
   the interpreter exits.
 """
+import os
+
 import taichi as ti
 from taichi._lib import core as _ti_core
 from taichi.lang import impl
+from taichi.lang.matrix import MatrixType
+from taichi.lang.struct import StructType
 
 from .errors import VLACapacityError
 
@@ -66,12 +73,37 @@ def finalize(fb, what: str):
     return tree
 
 
+def entry_bytes(dtype) -> int:
+    """Bytes of one field entry of ``dtype`` (a primitive, vector/matrix or struct type; no padding)."""
+    if isinstance(dtype, MatrixType):
+        return dtype.n * (dtype.m if dtype.ndim == 2 else 1) * entry_bytes(dtype.dtype)
+    if isinstance(dtype, StructType):
+        return sum(entry_bytes(m) for m in dtype.members.values())
+    return _ti_core.data_type_size(dtype)
+
+
+def host_memory_bytes() -> int:
+    """The machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_allocation(nbytes: int, what: str):
+    """Refuse (VLACapacityError) an allocation the CPU backend cannot make: more than the machine's memory. Taichi
+    would ask the OS for it and, refused, stay broken for the rest of the process (see the module docstring). On
+    CUDA, Taichi's own allocator answers (an error naming device_memory_GB)."""
+    if impl.current_cfg().arch in (ti.x64, ti.arm64) and nbytes > host_memory_bytes():
+        raise VLACapacityError(
+            f"{what} would need {nbytes / 2**30:.1f} GiB, more than this machine's {host_memory_bytes() / 2**30:.1f} "
+            f"GiB of memory; use fewer lists or elements per VLA")
+
+
 def place(dtype, length: int, what: str, replace=None):
     """A new field of ``length`` entries of ``dtype`` in an SNode tree of its own: (field, tree). ``replace``: the
     tree it replaces, freed just before the new one is built so that the new one takes its id."""
     if length > I32_MAX:
         raise VLACapacityError(f"{what} would need {length} entries, beyond the 32-bit index space; use a larger "
                                f"chunk_size or fewer elements per VLA")
+    check_allocation(length * entry_bytes(dtype), what)
     field = ti.field(dtype) if is_primitive(dtype) else dtype.field()
     if replace is not None:
         replace.ptr.destroy_snode_tree(program())

@@ -10,17 +10,11 @@ from taichi.lang.struct import StructType
 from taichi.lang.util import to_numpy_type
 
 from .errors import VLACapacityError, VLAOverflowError
-from .growth import k_clear_all, k_lengths_to_nd
+from .growth import k_clear_all, k_lengths_to_nd, k_nd_to_lengths
 from .taichi_compat import I32_MAX
 
 _nd = ti.types.ndarray()
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
-
-
-@ti.kernel
-def k_nd_to_lengths(v: ti.template(), src: _i32_nd):
-    for i in range(v.num_arrays):
-        v.length_field[i] = src[i]
 
 
 @ti.kernel
@@ -45,6 +39,7 @@ class Transfer:
 
     def lengths(self) -> np.ndarray:
         """Lengths of all lists, np.int32 (num_arrays,)."""
+        self._check_program()
         self._check_complete("lengths")
         out = self._scratch_nd("lengths_out", self.num_arrays)
         k_lengths_to_nd(self, out)
@@ -73,7 +68,9 @@ class Transfer:
         return offsets, values
 
     def from_csr(self, offsets, values):
-        """Replace every list's contents with a CSR description (the inverse of to_csr)."""
+        """Replace every list's contents with a CSR description (the inverse of to_csr). Values must fit the element
+        type exactly: no fraction or out-of-range value into an integer type, nothing beyond a float type's range."""
+        self._check_program()
         offsets = np.asarray(offsets)
         n = self.num_arrays
         if offsets.ndim != 1 or offsets.shape[0] != n + 1:
@@ -98,7 +95,7 @@ class Transfer:
             pass
         k_clear_all(self)
         self._lost = 0
-        self._reserve_for(lens.astype(np.int32))
+        self._reserve_for(lens)
         if total:
             offs_nd = self._scratch_nd("csr_offsets", n + 1)
             offs_nd.from_numpy(offsets.astype(np.int32))
@@ -148,5 +145,31 @@ class Transfer:
                 raise ValueError(f"VLA {self.name!r}.from_csr: {key} has shape {arr.shape}, but the offsets say "
                                  f"{total} elements: expected {shape}")
             base = ldt.dtype if isinstance(ldt, MatrixType) else ldt
-            leaves.append(np.ascontiguousarray(arr, dtype=to_numpy_type(base)))
+            leaves.append(self._exact_cast(key, arr, to_numpy_type(base)))
         return leaves
+
+    def _exact_cast(self, key, arr, np_type):
+        """arr as np_type, refusing what the cast would change without a word: a fraction or an out-of-range value
+        into an integer type (numpy turns 1.7 into 1 and 1e10 into -2147483648), a finite value beyond a float type's
+        range (it would become inf). Rounding to the nearest float is a float's nature and passes."""
+        def fail(why, where):
+            j = int(np.flatnonzero(where.reshape(-1))[0])
+            raise ValueError(f"VLA {self.name!r}.from_csr: {key}[{j}] = {arr.reshape(-1)[j]!r} {why}")
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"VLA {self.name!r}.from_csr: {key} must hold numbers, got dtype {arr.dtype}")
+        target = np.dtype(np_type)
+        if target.kind in "iu":
+            info = np.iinfo(target)
+            if arr.dtype.kind == "f":
+                bad = ~np.isfinite(arr) | (arr != np.trunc(arr))
+                if bad.any():
+                    fail(f"is not an integer, which the {target} element type needs", bad)
+            if arr.size and arr.dtype.kind != "b":
+                bad = (arr < info.min) | (arr > info.max)
+                if bad.any():
+                    fail(f"is outside the range of the {target} element type [{info.min}, {info.max}]", bad)
+        elif target.kind == "f" and arr.dtype.kind == "f" and arr.dtype.itemsize > target.itemsize:
+            bad = np.isfinite(arr) & (np.abs(arr) > np.finfo(target).max)
+            if bad.any():
+                fail(f"is beyond the range of the {target} element type (it would become inf)", bad)
+        return np.ascontiguousarray(arr, dtype=target)

@@ -1,6 +1,7 @@
 """VLA behaviour against plain-Python references. One ti.init for the module (Taichi compiles every
 kernel once per VLA instance, so tests share a few VLAs where they can)."""
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -1169,9 +1170,38 @@ def _prop_vla(config):
     return _PROP[config]
 
 
+def _closure_appender(v):
+    """A kernel that appends pairs to v without v among its arguments (held in its closure; another VLA is its
+    argument): launch must find v there, or a re-run after an overflow would append twice. One per VLA (a kernel
+    compiles once per closure)."""
+    key = ("closure", v.name)
+    if key not in _PROP:
+        @ti.kernel
+        def k_append_to_captured(other: ti.template(), owner: _i32_nd, value: _i32_nd, n: ti.i32):
+            for j in range(n):
+                v.append(owner[j], value[j] + 0 * other.length(0))
+        _PROP[key] = k_append_to_captured
+    if "other" not in _PROP:
+        _PROP["other"] = VLA(1, ti.i32, name="prop_other")
+    return _PROP[key], _PROP["other"]
+
+
+def _peek(v):
+    """What v's lists show, read past the guard of a VLA that lost appends."""
+    lost, v._lost = v._lost, 0
+    try:
+        return v.to_lists()
+    finally:
+        v._lost = lost
+
+
+_pairs = st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), max_size=40)
 op = st.one_of(
-    st.tuples(st.just("append"), st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), max_size=40),
-              st.booleans()),
+    st.tuples(st.just("append"), _pairs, st.booleans()),
+    st.tuples(st.just("append"), st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), min_size=8,
+                                          max_size=40), st.just(False)),   # (past the overflow area: lost)
+    st.tuples(st.just("append_captured"), st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), min_size=8,
+                                                   max_size=40)),
     st.tuples(st.just("clear"), st.lists(st.integers(0, 5), max_size=3)),
     st.tuples(st.just("commit")),
     st.tuples(st.just("trim")),
@@ -1212,9 +1242,20 @@ def _order_field(order):
 @given(config=st.sampled_from([(0, 1, "bump"), (1, 2, "bump"), (4, 4, "bump"), (0, 1, "ordered"),
                                (1, 2, "ordered"), (4, 4, "ordered")]), ops=st.lists(op, max_size=12))
 def test_random_operation_sequences_match_list_reference(config, ops):
+    """Random sequences of appends (through launch or not; past the overflow area, lost and caught), commits,
+    clears, refills, batches, permutations and launches of a kernel that reaches its VLA through a closure, against
+    plain Python lists. No read is ever wrong: while the VLA has lost appends every host read raises, and each list
+    shows only elements that were appended to it; once refilled it equals the reference."""
     v = _prop_vla(config)
     v.from_csr(np.zeros(7, np.int64), np.zeros(0, np.int32))
+    v.trim()   # (capacity back to nothing: appends overflow, and past the area of 4 are lost)
     ref = [[] for _ in range(6)]
+    lost = False
+
+    def refill_from_ref():
+        offsets = np.concatenate([[0], np.cumsum([len(l) for l in ref])])
+        v.from_csr(offsets, np.array([x for l in ref for x in l], np.int32))
+
     for o in ops:
         kind = o[0]
         if kind == "append":
@@ -1224,12 +1265,17 @@ def test_random_operation_sequences_match_list_reference(config, ops):
             try:
                 append_pairs(v, [p[0] for p in pairs], [p[1] for p in pairs], use_launch=via_launch)
                 v.commit()
-            except VLAOverflowError:
-                # Without launch, elements beyond the overflow area are lost *and reported*; the test then
-                # restores the reference contents, as a caller would.
-                assert not via_launch
-                offsets = np.concatenate([[0], np.cumsum([len(l) for l in ref])])
-                v.from_csr(offsets, np.array([x for l in ref for x in l], np.int32))
+            except VLAOverflowError as e:
+                # Without launch, appends beyond the overflow area are lost *and reported*; the VLA then refuses
+                # reads until refilled.
+                assert not via_launch and e.lost > 0
+                lost = True
+        elif kind == "append_captured":
+            pairs = o[1]
+            for i, x in pairs:
+                ref[i].append(x)
+            kernel, other = _closure_appender(v)
+            launch(kernel, other, *_pairs_nd([p[0] for p in pairs], [p[1] for p in pairs]))
         elif kind == "clear":
             ids = o[1]
             for i in ids:
@@ -1245,13 +1291,14 @@ def test_random_operation_sequences_match_list_reference(config, ops):
         elif kind == "clear_all":
             ref = [[] for _ in range(6)]
             v.clear_all()
+            lost = False
         elif kind == "from_csr":
             ref = [list(l) for l in o[1]]
-            offsets = np.concatenate([[0], np.cumsum([len(l) for l in ref])])
-            v.from_csr(offsets, np.array([x for l in ref for x in l], np.int32))
+            refill_from_ref()
+            lost = False
         elif kind == "set":
             _, i, k, x = o
-            if k < len(ref[i]):
+            if k < len(ref[i]) and not lost:
                 # order within a list after parallel appends is the device's: align the reference first
                 ref[i] = v.to_lists()[i]
                 ref[i][k] = x
@@ -1259,13 +1306,13 @@ def test_random_operation_sequences_match_list_reference(config, ops):
         elif kind == "batch":
             # appends through a Batch (rollback=True): either all of them are in, or none and launch() adds them
             pairs = o[1]
-            before = v.to_lists()
+            before = _peek(v)
             o_nd, x_nd, m = _pairs_nd([p[0] for p in pairs], [p[1] for p in pairs])
             batch = _shared_batch()
             batch.begin()
             batch.launch(k_append_pairs, v, o_nd, x_nd, m)
             if not batch.done():
-                assert v.to_lists() == before, "a failed batch rolls back"
+                assert _peek(v) == before, "a failed batch rolls back"
                 launch(k_append_pairs, v, o_nd, x_nd, m)
             for i, x in pairs:
                 ref[i].append(x)
@@ -1297,9 +1344,18 @@ def test_random_operation_sequences_match_list_reference(config, ops):
             else:
                 ref = ref[:first] + [ref[first + x] for x in order]
                 v.permute(_order_field(order), first, 6 - first)
-        got = v.to_lists()
-        assert [sorted(l) for l in got] == [sorted(l) for l in ref], f"after {kind}"
-        assert v.lengths().tolist() == [len(l) for l in ref]
+        if lost:
+            for read in (v.lengths, v.to_csr, v.to_lists):
+                with pytest.raises(VLAOverflowError, match="refill"):
+                    read()
+            for i, (shown, appended) in enumerate(zip(_peek(v), ref)):
+                assert not Counter(shown) - Counter(appended), f"after {kind}: list {i} shows what was not appended"
+        else:
+            got = v.to_lists()
+            assert [sorted(l) for l in got] == [sorted(l) for l in ref], f"after {kind}"
+            assert v.lengths().tolist() == [len(l) for l in ref]
+    if lost:
+        refill_from_ref()
     # the flat iteration, strided and walked through _flat_index_after, sees every element once
     v.commit()
     sums = np.array([sum(l) for l in ref], np.int64)
