@@ -66,7 +66,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from app.errors import terminate_as_exception
+    from app.errors import die_with_parent, terminate_as_exception
 
     terminate_as_exception()   # SIGTERM ends a run as Ctrl-C does, with its outputs written or marked (exit 143)
+    die_with_parent()          # a batch's worker: ends with its driver
     sys.exit(main())

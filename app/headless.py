@@ -150,7 +150,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     metrics = {
         "status": status,
         "scene": scene.name,
-        "scene_path": str(scene_path),
+        "scene_path": os.path.abspath(scene.path),   # (the file found: a shipped scene's name works anywhere)
         "arch": used,
         "bodies": n,
         "frames": len(contacts),

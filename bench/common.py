@@ -12,7 +12,7 @@ import taichi as ti
 def init_taichi(arch: str, kernel_profiler: bool = False, device_memory_GB=None):
     """ti.init for 'cpu' | 'cuda' | 'auto'; returns the arch name taken. kernel_profiler: also time every
     kernel on the device (CUDA events), for kernel_ms(). device_memory_GB: Taichi's sparse-data pool on CUDA
-    (None: Taichi's default; see app.sim.contacts.taichi_pool_gb)."""
+    (None: Taichi's default; see app.sim.simulation.taichi_pool_gb)."""
     from app.runtime import init_taichi as init_app_taichi   # as the simulation runs (no fast math)
 
     common = {"offline_cache": True, "kernel_profiler": kernel_profiler}

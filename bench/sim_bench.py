@@ -130,7 +130,7 @@ def _run_one(job_json: str) -> int:
     from app.scene import load_scene
 
     job = json.loads(job_json)
-    # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.sim.contacts.taichi_pool_gb)
+    # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.sim.simulation.taichi_pool_gb)
     scene = load_scene(job["path"], tuple(job["overrides"]) + (f"sim.contacts={job['storage']}",))
     arch = ensure_taichi(job["arch"], verbose=False, scene=scene)
     r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.errors import UserError
 from app.scene import yamlio
+from app.scene.loading import find_scene
 
 SEED_KEY = "sim.seed"
 # A --set key path: dot-separated names or list indices, e.g. materials.ball.friction, bodies.0.radius.
@@ -274,6 +275,7 @@ def expand_runs(scenes: list[str], seeds: list[int] | None, params: list[tuple[s
     refused. No seeds -> one run per combination with the scene's own seed."""
     if not scenes:
         raise UserError("SCENE: give at least one scene file (e.g. scenes/default.yaml) or 'scenes:' in --sweep")
+    scenes = [find_scene(s) for s in scenes]   # (a shipped scene by name, from any directory, as run.py SCENE)
     for s in scenes:
         p = Path(s)
         if not p.exists():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.batch.plan import RunSpec
+from app.errors import PARENT_PID_ENV
 from app.batch.store import RECORD_FILE, RESULT_FILES
 
 RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
@@ -77,8 +78,10 @@ def run_worker(
     t0 = time.perf_counter()
     timed_out = False
     with open(log_path, "wb") as log_file:
+        # the worker ends with this process (app.errors.die_with_parent)
+        env = {**(os.environ if env is None else env), PARENT_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                env=env, cwd=cwd)
         if on_start is not None:
             on_start(proc)
         try:
@@ -102,18 +105,6 @@ def run_worker(
         status = "failed" if error else "ok"
     return {"status": status, "error": error, "returncode": rc, "wall_time_s": round(wall, 3), "log": log,
             "command": list(argv)}
-
-
-def _die_with_parent():
-    """In the worker, before it runs: SIGTERM when the thread that started it ends, so that a batch driver killed
-    outright (SIGKILL) leaves no run going on alone (Linux prctl PR_SET_PDEATHSIG; the starting thread waits for
-    the worker, so it ends only after it or with the driver)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 5.0) -> None:

@@ -67,17 +67,29 @@ LIMITS = {
 
 
 def limit(name: str) -> int:
-    """LIMITS[name], or its value in SMOLVLA_LIMITS ("name=value,name=value")."""
+    """LIMITS[name], or its value in SMOLVLA_LIMITS ("name=value,name=value"; every entry is checked: a known name
+    and a positive whole number, such as 50000000 or 5e7)."""
+    import math
     import os
 
+    value = LIMITS[name]
     for item in os.environ.get("SMOLVLA_LIMITS", "").split(","):
-        key, _, value = item.partition("=")
-        if key.strip() == name:
-            try:
-                return int(float(value))
-            except ValueError:
-                raise UserError(f"SMOLVLA_LIMITS: {item.strip()!r}: expected name=integer") from None
-    return LIMITS[name]
+        if not item.strip():
+            continue
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if key not in LIMITS:
+            raise UserError(f"SMOLVLA_LIMITS: {item.strip()!r}: unknown limit {key!r}; expected one of "
+                            f"{', '.join(LIMITS)}")
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number == int(number) and number >= 1):
+            raise UserError(f"SMOLVLA_LIMITS: {item.strip()!r}: expected {key}=N with N a whole number >= 1")
+        if key == name:
+            value = int(number)
+    return value
 
 
 def _short_repr(value, width=80) -> str:

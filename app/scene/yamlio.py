@@ -33,9 +33,11 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            self.flatten_mapping(node)
+            # The mapping's own keys: those a merge (`<<: *base`) brings in may be overridden, as YAML intends.
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 try:
                     duplicate = key in seen

@@ -90,7 +90,7 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
         grid.body_bucket[i] = h
         grid.body_slot[i] = grid.cells.append(h, i)
-        if r > large_r:  # (Model.set_bodies makes them at most MAX_LARGE_BODIES)
+        if r > large_r:  # (grid_radius makes them at most MAX_LARGE_BODIES)
             grid.large_ids[ti.atomic_add(grid.large_count[None], 1)] = i
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
     for i in range(n):

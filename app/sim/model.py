@@ -248,6 +248,17 @@ class ModelBuilder:
         for key in PARAM_KEYS:
             getattr(model, key)[None] = self.params[key]
 
+    def read_live(self, model: Model):
+        """Take the runtime parameters and the materials' friction and restitution from `model`: a user may write
+        those fields directly (docs/simulator.md), and a rewrite (a capacity growth) must keep what they wrote."""
+        for key in PARAM_KEYS:
+            value = getattr(model, key)[None]
+            self.params[key] = [float(x) for x in value] if key == "gravity" else value
+        friction = model.material_friction.to_numpy()
+        restitution = model.material_restitution.to_numpy()
+        for k, mat in enumerate(self.materials):
+            mat["friction"], mat["restitution"] = float(friction[k]), float(restitution[k])
+
     def set_param(self, model: Model, key: str, value):
         """Change runtime parameter `key` (PARAM_KEYS) here and in `model`."""
         self.params[key] = value

@@ -144,17 +144,21 @@ class Simulation:
 
     # ------------------------------------------------------------------ setup
     def _allocate(self, capacity: int, scene: Scene):
+        """New parts of `capacity` bodies. Built first and assigned together: when an allocation fails, the
+        Simulation keeps its old parts, whole."""
         _check_tree_room()
-        self.capacity = int(capacity)
-        self.model = Model(self.capacity)
-        self.state = State(self.capacity)
-        self.diagnostics = Diagnostics()
-        self.contacts = ContactSet(self.contacts_kind, self.capacity, max_per_body=int(self._padded))
-        self.solver = JacobiSolver(self.model, self.diagnostics, scene.sim["solver_iterations"])
-        self.grid = Grid(self.capacity)
-        self.reorder = Reorder(self.capacity)
+        capacity = int(capacity)
+        model = Model(capacity)
+        state = State(capacity)
+        diagnostics = Diagnostics()
+        contacts = ContactSet(self.contacts_kind, capacity, max_per_body=int(self._padded))
+        solver = JacobiSolver(model, diagnostics, scene.sim["solver_iterations"])
+        grid = Grid(capacity)
+        reorder = Reorder(capacity)
         # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
-        self._batch = Batch(failed_at=self.contacts.failed_step)
+        batch = Batch(failed_at=contacts.failed_step)
+        (self.capacity, self.model, self.state, self.diagnostics, self.contacts, self.solver, self.grid, self.reorder,
+         self._batch) = capacity, model, state, diagnostics, contacts, solver, grid, reorder, batch
         self._unchecked = 0   # steps launched since the host last read whether their commits sufficed
         self._check_every = 1
         self.generation_id += 1
@@ -225,16 +229,19 @@ class Simulation:
         k = extra.body_count
         # added bodies keep their order, after the stored ones (scene indices n0, n0 + 1, ...: their ids)
         order = np.concatenate([self.scene_of, np.arange(n0, n0 + k)])
-        self.builder.add_bodies(extra.bodies)
+        # parameters and materials written straight into the Model's fields (docs/simulator.md: live) are kept
+        self.builder.read_live(self.model)
         if n0 + k > self.capacity:
             saved = self.state.to_numpy(n0)
             step = self.step_count
-            self._allocate(_round_capacity(n0 + k), self.scene)
+            self._allocate(_round_capacity(n0 + k), self.scene)   # (raises before anything here has changed)
+            self.builder.add_bodies(extra.bodies)
             self.builder.write(self.model, order)
             self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
             self.step_count = step
             self.contacts.reset()
         else:
+            self.builder.add_bodies(extra.bodies)
             self.builder.write_bodies(self.model, order)
         self._grid_order_current = False
         self._set_order(order)

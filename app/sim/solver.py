@@ -58,7 +58,7 @@ def sym_mul(d, o, x):
 # landed pile_1m step on the H200; prepare without it 2.3 ms). This needs each term rounded the same wherever
 # its record sits in the list: Taichi's fast math lets the compiler round a term's float operations
 # differently in different code paths (on the CPU most likely a vectorized loop body and its scalar
-# remainder), so the app runs with fast_math=False (app.headless.TAICHI_OPTIONS).
+# remainder), so the app runs with fast_math=False (app.runtime.TAICHI_OPTIONS).
 # Each body sums its impulses scaled by FIXED_ONE * inverse mass, i.e. its velocity changes in units of
 # 2^-32 m/s, and its torques r x P scaled by FIXED_ONE * the largest diagonal element of its world inverse
 # inertia, i.e. angular velocity changes in units of about 2^-32 rad/s whatever the body's size (with the mass

@@ -58,6 +58,9 @@ def load_out_dir(out_dir):
                 from app.scene import load_scene
 
                 scene = load_scene(sp, tuple(m.get("overrides") or ()))
+            elif sp:
+                print(f"note: {mpath}: its scene {sp} is gone; drawing bodies without static geometry",
+                      file=sys.stderr)
         except (OSError, ValueError, UserError) as e:
             print(f"note: {mpath}: scene not reloaded ({e}); drawing bodies without static geometry",
                   file=sys.stderr)

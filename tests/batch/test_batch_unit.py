@@ -421,3 +421,9 @@ def test_run_ids_never_name_the_batchs_own_files(tmp_path):
     for i in ids:
         assert not i.startswith(".") and i not in {"batch.json", "summary.csv", "summary.json", "report", ".tmp",
                                                    ".lock", ".", ".."}, i
+
+
+def test_batch_finds_shipped_scenes_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = expand_runs(["bounce"], None, [])
+    assert Path(runs[0].scene_path).resolve() == (Path(__file__).resolve().parents[2] / "scenes" / "bounce.yaml")

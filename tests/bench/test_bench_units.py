@@ -58,3 +58,14 @@ def test_lane_use_statistic():
     two = np.concatenate([np.zeros(32, int), np.full(32, 4)])  # grouped: one idle warp, one full one
     mixed = np.arange(64).reshape(2, 32).T.reshape(-1)  # interleaved: both warps last 4 iterations
     assert lane_use(two, np.arange(64)) == 1.0 and lane_use(two, mixed) == 0.5
+
+
+@pytest.mark.parametrize("module", ["bench.sim_bench", "bench.dev.dynamic_pool", "bench.dev.lanes_bench",
+                                    "bench.dev.ncu_step", "bench.dev.profile_bench"])
+def test_benches_find_the_shipped_scenes(module):
+    # Each bench that loads scenes/<name>.yaml builds the path from its ROOT: the repository's, wherever it sits.
+    import importlib
+    import os
+
+    root = importlib.import_module(module).ROOT
+    assert os.path.isfile(os.path.join(root, "run.py")) and os.path.isfile(os.path.join(root, "scenes", "bounce.yaml"))

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from app.errors import UserError
+from app.scene.schema import limit as schema_limit
 from app.scene import SHAPE_BOX, SHAPE_SPHERE, apply_overrides, load_scene, scene_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,6 +212,15 @@ def test_duplicate_keys_are_an_error(tmp_path):
     assert "duplicate key 'materials'" in msg and "line 3" in msg
     msg = _err(tmp_path, _SCENE_TEXT.replace("substeps: 2}", "substeps: 2, dt: 1.0e-3}"))
     assert "duplicate key 'dt'" in msg
+    # a merge (<<: *base) brings keys the mapping may override, as YAML intends; its own keys still may not repeat
+    merged = ("name: t\nmaterials:\n  base: &b {density: 1000, friction: 0.5}\n"
+              "  steel: {<<: *b, friction: 0.3}\n"
+              "bodies: [{shape: sphere, radius: 0.1, position: [0, 1, 0], material: steel}]\n")
+    s = load_scene(_write(tmp_path, merged))
+    assert {m["name"]: m["friction"] for m in s.materials} == {"base": 0.5, "steel": 0.3}
+    assert s.materials[1]["density"] == 1000
+    msg = _err(tmp_path, merged.replace("friction: 0.3}", "friction: 0.3, friction: 0.2}"))
+    assert "duplicate key 'friction'" in msg
 
 
 def test_alias_bomb_fails_fast_with_one_line(tmp_path):
@@ -248,6 +258,14 @@ def test_huge_sizes_are_refused_before_anything_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("SMOLVLA_LIMITS", "bodies=3")   # limits can be raised or lowered for a run
     msg = _err(tmp_path, base + "  - {generate: stack, shape: sphere, radius: 0.1, count: 4, material: m}\n")
     assert "at most 3 bodies" in msg
+    monkeypatch.setenv("SMOLVLA_LIMITS", "bodies=5e7")
+    assert schema_limit("bodies") == 50_000_000
+    for bad, says in (("bodies=inf", "whole number >= 1"), ("bodies=-5", "whole number >= 1"),
+                      ("bodies=2.5", "whole number >= 1"), ("bodies=lots", "whole number >= 1"),
+                      ("body=5", "unknown limit 'body'")):
+        monkeypatch.setenv("SMOLVLA_LIMITS", bad)
+        with pytest.raises(UserError, match=f"SMOLVLA_LIMITS: '{bad}': .*{says}"):
+            load_scene(_write(tmp_path, base + "  - {shape: sphere, radius: 0.1, position: [0, 1, 0], material: m}\n"))
 
 
 def test_a_pipe_or_a_device_is_not_read(tmp_path):

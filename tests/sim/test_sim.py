@@ -19,6 +19,8 @@ from app.runtime import taichi_options  # noqa: E402
 from app.sim.math3d import quat_to_mat  # noqa: E402
 from app.sim.narrowphase import collide_box_box  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
+from app.sim import simulation as simulation_module  # noqa: E402
+from app.sim.simulation import SimulationCapacityError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENES = ROOT / "scenes"
@@ -493,15 +495,15 @@ def test_every_shipped_scene_has_a_ci_run():
 
 
 @pytest.mark.parametrize("name", list(SCENE_RUNS))
-def test_shipped_scene_headless(sim, name, tmp_path):
+def test_shipped_scene_headless(sim, name, tmp_path, monkeypatch):
     from app.headless import run_headless
 
     frames, overrides, check = SCENE_RUNS[name]
     out = tmp_path / name
-    m = run_headless(SCENES / f"{name}.yaml", frames, out, arch="cpu", record=True, overrides=overrides,
-                     progress=False)
+    monkeypatch.chdir(tmp_path)   # the scene by its name, from elsewhere: metrics.json names the file found
+    m = run_headless(name, frames, out, arch="cpu", record=True, overrides=overrides, progress=False)
     disk = json.loads((out / "metrics.json").read_text())
-    assert disk["status"] == "complete"
+    assert disk["status"] == "complete" and Path(disk["scene_path"]) == SCENES / f"{name}.yaml"
     for key in ("scene", "arch", "bodies", "frames", "steps", "sim_time", "wall_time", "steps_per_second", "contacts",
                 "max_penetration", "kinetic_energy", "vla", "overflow_events"):
         assert key in disk, key
@@ -742,8 +744,9 @@ def test_step_resorts_large_scenes_every_interval(sim):
     assert sim.resort_interval == sim.RESORT_INTERVAL == 500   # the default, back with a scene that sets none
 
 
-def test_add_bodies_grows_capacity_without_loss(sim):
-    """Last in the module: it grows the shared simulation (reallocation, one recompilation)."""
+def test_add_bodies_grows_capacity_without_loss(sim, monkeypatch):
+    """Last in the module: it grows the shared simulation (reallocation, one recompilation). A growth that fails
+    changes nothing; one that succeeds keeps what was written straight into the Model's live fields."""
     scene = scene_from_dict({"name": "grow", "materials": {"m": {}},
                              "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
                              "bodies": [{"generate": "grid", "shape": "sphere", "radius": 0.1, "count": [4, 1, 4],
@@ -756,9 +759,24 @@ def test_add_bodies_grows_capacity_without_loss(sim):
     before = sim.positions().copy()
     sim.resort()   # the growth below then starts from re-sorted bodies (host rows read back lazily)
     assert np.array_equal(sim.positions(), before)
-    sim.add_bodies([{"generate": "grid", "shape": "box", "half_extents": [0.1, 0.1, 0.1], "count": [3, 1, 3],
-                     "origin": [2, 0.5, 0], "spacing": 0.3, "material": "m"}])
+    boxes = [{"generate": "grid", "shape": "box", "half_extents": [0.1, 0.1, 0.1], "count": [3, 1, 3],
+              "origin": [2, 0.5, 0], "spacing": 0.3, "material": "m"}]
+
+    def no_room():
+        raise SimulationCapacityError("no room (test)")
+
+    with monkeypatch.context() as m:
+        m.setattr(simulation_module, "_check_tree_room", no_room)
+        with pytest.raises(SimulationCapacityError, match="no room"):
+            sim.add_bodies(boxes)
+    assert sim.body_count == CAPACITY and sim.capacity == CAPACITY and len(sim.shapes()["shape"]) == CAPACITY
+    assert np.array_equal(sim.positions(), before) and len(sim.scene_of) == CAPACITY
+    sim.model.gravity[None] = [0.0, -1.6, 0.0]          # written straight into the live fields
+    sim.model.material_friction[0] = 0.25
+    sim.add_bodies(boxes)
     assert sim.body_count == CAPACITY + 9 and sim.capacity >= CAPACITY + 9
+    assert np.allclose(sim.model.gravity[None].to_numpy(), [0, -1.6, 0]) and sim.model.material_friction[0] == 0.25
+    sim.set_gravity([0.0, -9.81, 0.0])
     assert np.array_equal(sim.positions()[:CAPACITY], before)
     assert (sim.shapes()["shape"][:CAPACITY] == 0).all() and (sim.shapes()["shape"][CAPACITY:] == 1).all()
     assert np.array_equal(sim.model.body_id.to_numpy()[:sim.body_count], sim.scene_of)

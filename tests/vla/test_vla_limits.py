@@ -1,5 +1,5 @@
 """Taichi's limit on SNode trees: a program that keeps making VLAs (or Batches) without release() gets a clear
-VLACapacityError before Taichi 1.7's CPU/CUDA runtime would corrupt its memory (vla.core.SNODE_TREE_LIMIT).
+VLACapacityError before Taichi 1.7's CPU/CUDA runtime would corrupt its memory (vla.taichi_compat.SNODE_TREE_LIMIT).
 A module of its own: it uses up the ids of its Taichi program."""
 import os
 
