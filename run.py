@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         print("terminated (SIGTERM)", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted (SIGINT)", file=sys.stderr)
         return 130
 
 

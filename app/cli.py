@@ -19,7 +19,7 @@ DEFAULT_FRAMES = 240
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit code 2, no traceback (as every UserError)
         raise UserError(f"{message} (usage: python run.py [SCENE] [--headless] --frames N [--arch auto|cpu|cuda] "
-                        f"[--out DIR] [--record] [--set key.path=value ...])")
+                        f"[--out DIR] [--record] [--strict] [--set key.path=value ...])")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", action="store_true", help="also write trajectory.npz (every frame's poses)")
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a scene value, e.g. --set sim.seed=3 --set materials.steel.friction=0.4")
+    p.add_argument("--strict", action="store_true",
+                   help="stop (exit 1) at a contact deeper than sim.penetration_limit, as at an explosion")
     # offscreen rendering (app/viewer/offscreen.py); GGUI is imported only when one of these is given
     p.add_argument("--render", default=None, metavar="DIR", help="with --headless: write DIR/frame_00000.png ...")
     p.add_argument("--render-every", type=int, default=1, metavar="K", help="render every K-th frame (default 1)")
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
             on_frame = frame_callback(args.render, args.render_every, args.video)
         try:
             m = run_headless(args.scene, args.frames or DEFAULT_FRAMES, out, arch=args.arch, record=args.record,
-                             overrides=tuple(args.set), progress=True, on_frame=on_frame)
+                             overrides=tuple(args.set), progress=True, on_frame=on_frame, strict=args.strict)
         finally:
             if on_frame is not None:
                 on_frame.close()

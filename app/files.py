@@ -27,3 +27,27 @@ def write_atomic(path, write) -> None:
 
 def write_text_atomic(path, text: str) -> None:
     write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def read_json_object(path, max_bytes: int = 64 * 2**20) -> dict:
+    """The JSON object in the regular file `path` (results this program wrote, which a user or a crash may have
+    changed). Raises OSError, or ValueError saying what is wrong: not a regular file, larger than max_bytes, not
+    JSON, nested too deep for Python's parser, or not an object."""
+    import json
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > max_bytes:
+        raise ValueError(f"{st.st_size} bytes, more than {max_bytes}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"a JSON {type(doc).__name__}, expected an object")
+    return doc

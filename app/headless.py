@@ -13,7 +13,9 @@ results an earlier run left in the directory, so a directory without metrics.jso
                    steps_per_second_after_first_frame (null for one frame), contacts {max, mean, final}
                    (contact points after each frame's last step; a pair contact counts once), max_penetration
                    (m, deepest contact of the run), final_max_penetration (m, deepest in the last frame),
-                   kinetic_energy (J, one per frame),
+                   kinetic_energy (J, one per frame), health (deep penetration: penetration_limit,
+                   max_penetration_fraction, deep_frames, longest_deep_s, first_deep, warnings; see
+                   app.sim.Simulation.health),
                    contact_storage, vla {contacts: storage stats, grid: cell-list stats}, overflow_events,
                    overflow_total, overrides.
     state.npz      position (N,3) m, orientation (N,4) w,x,y,z, linear_velocity (N,3) m/s,
@@ -79,10 +81,10 @@ def _progress(frames, enabled):
 
 
 def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrides=(), progress=True,
-                 on_frame=None) -> dict:
+                 on_frame=None, strict=False) -> dict:
     """Run `frames` frames of a scene without a viewer and write the outputs into out_dir (see module
-    docstring). Returns the metrics dict. Bad input raises UserError (exit 2); an explosion raises
-    app.sim.SimulationError (exit 1) after writing what it has."""
+    docstring). Returns the metrics dict. Bad input raises UserError (exit 2); an explosion, or with strict a
+    contact deeper than sim.penetration_limit, raises app.sim.SimulationError (exit 1) after writing what it has."""
     if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or frames < 1:
         raise UserError(f"--frames: expected an integer >= 1, got {frames!r}")
     scene = load_scene(scene_path, overrides)
@@ -103,6 +105,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     from app.sim import SimulationError
 
     sim = get_simulation(scene, verbose=True)
+    sim.strict = bool(strict)
     n = sim.body_count
     energies, contacts, traj_t, traj_p, traj_q = [], [], [], [], []
     status = "complete"
@@ -117,7 +120,6 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     t_first = None
     try:
         for f in range(frames):
-            sim.diagnostics.reset_max_depth()
             sim.step_frame()
             if on_frame is not None:  # viewer hook (offscreen frames / video); see app.viewer.offscreen.frame_callback
                 on_frame(sim, f)
@@ -171,6 +173,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
         "max_penetration": max_pen,
         "final_max_penetration": final_pen,
         "kinetic_energy": energies,
+        "health": sim.health(),
         "vla": {"contacts": stats, "grid": sim.grid.stats()},
         "overflow_events": sim.overflow_events,
         "overflow_total": sim.contacts.overflowed(),

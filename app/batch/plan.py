@@ -20,6 +20,7 @@ from pathlib import Path
 from app.errors import UserError
 from app.scene import yamlio
 from app.scene.loading import find_scene
+from app.scene.schema import limit
 
 SEED_KEY = "sim.seed"
 # A --set key path: dot-separated names or list indices, e.g. materials.ball.friction, bodies.0.radius.
@@ -290,6 +291,11 @@ def expand_runs(scenes: list[str], seeds: list[int] | None, params: list[tuple[s
     labels = _scene_labels(unique_scenes)
     seed_axis: list[int | None] = list(seeds) if seeds else [None]
     value_axes = [[(k, v) for v in dict.fromkeys(vals)] for k, vals in params]
+    total = math.prod([len(unique_scenes), len(seed_axis)] + [len(a) for a in value_axes])
+    if total > limit("runs"):   # before the plan is built: 10^9 runs would fill memory first
+        raise UserError(f"batch: {total:,} runs ({len(unique_scenes)} scenes x {len(seed_axis)} seeds"
+                        + "".join(f" x {len(a)} values of {k}" for (k, _), a in zip(params, value_axes))
+                        + f"); expected at most {limit('runs'):,} (SMOLVLA_LIMITS=runs=N raises the limit)")
     runs = []
     for scene in unique_scenes:
         for seed in seed_axis:

@@ -12,12 +12,12 @@ and prints the summary table on the terminal. Exit code 0; 2 when DIR is not a b
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 from app.errors import UserError
+from app.files import read_json_object, write_atomic, write_text_atomic
 
 # Beyond this many runs a line plot gets no legend (it would hide the plot).
 LEGEND_MAX_RUNS = 12
@@ -31,24 +31,47 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"report: {message} (usage: python run.py report DIR)")
 
 
+# The row fields the report reads as numbers; anything else there is shown as missing.
+NUMERIC_FIELDS = ("seed", "steps_per_second", "final_kinetic_energy", "max_penetration", "contacts_max")
+
+
 def load_batch(out: Path) -> tuple[dict, list[dict]]:
-    """summary.json and, per row, the run's metrics.json (``row["metrics"]``, {} when absent)."""
+    """summary.json and, per row, the run's metrics.json (``row["metrics"]``, {} when absent or unreadable). Every
+    field the report uses is checked: a summary that is not one is refused, stray values are shown as missing."""
     if not out.is_dir():
         raise UserError(f"report: DIR {out}: no such directory")
     path = out / "summary.json"
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"report: DIR {out}: no summary.json (expected the --out of python run.py batch)")
     try:
-        summary = json.loads(path.read_text())
-        rows = summary["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"report: {path}: not a batch summary ({type(e).__name__}: {e})") from None
-    for row in rows:
+        summary = read_json_object(path)
+    except (OSError, ValueError) as e:
+        raise UserError(f"report: {path}: not a batch summary ({e})") from None
+    rows = summary.get("rows")
+    params = summary.get("parameters", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise UserError(f"report: {path}: not a batch summary (expected 'rows', a list of objects)")
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise UserError(f"report: {path}: not a batch summary (expected 'parameters', a list of names)")
+    for k, row in enumerate(rows):
+        run_id = row.get("run_id")
+        if not isinstance(run_id, str) or not run_id or run_id.startswith(".") or "/" in run_id or "\\" in run_id:
+            raise UserError(f"report: {path}: rows[{k}].run_id: expected the name of a run directory, got "
+                            f"{str(run_id)[:80]!r}")
+        for key in NUMERIC_FIELDS:
+            v = row.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                row[key] = None
         try:
-            row["metrics"] = json.loads((out / row["run_id"] / "metrics.json").read_text())
+            row["metrics"] = read_json_object(out / run_id / "metrics.json")
         except (OSError, ValueError):
             row["metrics"] = {}
     return summary, rows
+
+
+def _number(v) -> float:
+    """v as a finite float, 0 for anything else (a metrics file is data, not trusted to hold numbers)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
 
 
 def frame_series(metrics: dict, *names) -> list[float] | None:
@@ -58,7 +81,8 @@ def frame_series(metrics: dict, *names) -> list[float] | None:
         v = metrics.get(name)
         if isinstance(v, dict):
             v = v.get("per_frame")
-        if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v):
+        if isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                             and math.isfinite(x) for x in v):
             return [float(x) for x in v]
     return None
 
@@ -88,6 +112,13 @@ def _lines(ax, rows, key_names, ylabel):
     return plotted
 
 
+def _save(fig, path):
+    import matplotlib.pyplot as plt
+
+    write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
+    plt.close(fig)
+
+
 def plot_report(out: Path, rows: list[dict]) -> list[Path]:
     import matplotlib
 
@@ -95,7 +126,10 @@ def plot_report(out: Path, rows: list[dict]) -> list[Path]:
     import matplotlib.pyplot as plt
 
     report = out / REPORT_DIR
-    report.mkdir(exist_ok=True)
+    try:
+        report.mkdir(exist_ok=True)
+    except OSError as e:
+        raise UserError(f"report: {report}: cannot make the report directory ({e.strerror or e})") from None
     ok = [r for r in rows if r.get("status") == "ok"]
     written = []
 
@@ -107,8 +141,7 @@ def plot_report(out: Path, rows: list[dict]) -> list[Path]:
     ax.set_title(f"Kinetic energy ({n} ok runs)" if n else "Kinetic energy: no ok run has per-frame values")
     fig.tight_layout()
     written.append(report / "kinetic_energy.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    _save(fig, written[-1])
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     n = _lines(ax, ok, ("contacts_per_frame", "contact_count", "contacts"), "contacts")
@@ -120,7 +153,7 @@ def plot_report(out: Path, rows: list[dict]) -> list[Path]:
         stats = [(r["metrics"].get("contacts") or {}) if isinstance(r["metrics"].get("contacts"), dict) else {} for r in ok]
         width = 0.27
         for j, key in enumerate(("max", "mean", "final")):
-            ax.bar([i + (j - 1) * width for i in range(len(ok))], [float(s.get(key) or 0) for s in stats],
+            ax.bar([i + (j - 1) * width for i in range(len(ok))], [_number(s.get(key)) for s in stats],
                    width=width, label=key)
         ax.set_xticks(range(len(ok)), names, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("contacts")
@@ -128,8 +161,7 @@ def plot_report(out: Path, rows: list[dict]) -> list[Path]:
         ax.set_title(f"Contacts per run ({len(ok)} ok runs)")
     fig.tight_layout()
     written.append(report / "contacts.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    _save(fig, written[-1])
 
     fig, ax = plt.subplots(figsize=(8, max(3.0, 0.22 * len(rows) + 1.2)))
     names = [r["run_id"] for r in rows]
@@ -145,8 +177,7 @@ def plot_report(out: Path, rows: list[dict]) -> list[Path]:
     ax.set_title("Steps per second per run")
     fig.tight_layout()
     written.append(report / "steps_per_second.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    _save(fig, written[-1])
     return written
 
 
@@ -198,7 +229,7 @@ def main(argv=None) -> int:
     out = Path(args.dir)
     summary, rows = load_batch(out)
     written = plot_report(out, rows)
-    (out / REPORT_DIR / "summary.md").write_text(summary_markdown(summary, rows))
+    write_text_atomic(out / REPORT_DIR / "summary.md", summary_markdown(summary, rows))
     from rich.console import Console
 
     console = Console()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from app.batch.plan import RunSpec, scene_seed
 from app.errors import UserError
-from app.files import write_text_atomic
+from app.files import read_json_object, write_text_atomic
 
 RESULT_FILES = ("metrics.json", "state.npz")
 RECORD_FILE = "trajectory.npz"
@@ -96,7 +96,7 @@ class BatchDir:
                     f"--out {self.root}: already holds a batch; add --resume to finish it, or choose another --out"
                 )
             try:
-                old = json.loads(batch_json.read_text())
+                old = read_json_object(batch_json)
             except (OSError, ValueError) as e:
                 raise UserError(f"--out {self.root}: batch.json unreadable ({e}); choose another --out") from None
             for key in RESUME_KEYS:
@@ -149,7 +149,7 @@ class BatchDir:
 
     def read_run(self, run_id: str) -> dict | None:
         try:
-            return json.loads((self.run_dir(run_id) / "run.json").read_text())
+            return read_json_object(self.run_dir(run_id) / "run.json")
         except (OSError, ValueError):
             return None
 
@@ -204,7 +204,7 @@ class BatchDir:
         metrics = {}
         if row["status"] == "ok":
             try:
-                metrics = json.loads((self.run_dir(spec.run_id) / "metrics.json").read_text())
+                metrics = read_json_object(self.run_dir(spec.run_id) / "metrics.json")
             except (OSError, ValueError) as e:
                 row["status"], row["error"] = "failed", f"metrics.json unreadable: {e}"
         row.update(metrics_summary(metrics))

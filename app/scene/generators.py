@@ -47,6 +47,11 @@ class Bodies:
             for v in r.values():
                 v.clear()
 
+    @property
+    def count(self) -> int:
+        """Bodies added so far."""
+        return len(self.rows["shape"]) + sum(len(b["shape"]) for b in self.blocks)
+
     def arrays(self):
         self._flush()
         out = {}

@@ -24,9 +24,10 @@ import yaml
 from app.errors import UserError
 from app.scene import yamlio
 from app.scene.generators import Bodies, expand_generator, shape_size
-from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS, Ctx, Scene,
-                              bool_ as _bool, check_keys as _check_keys, limit, mapping as _mapping,
-                              material as _material, num as _num, quat as _quat, str_ as _str, vec as _vec)
+from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
+                              Ctx, Scene, body_mass_properties, bool_ as _bool, check_keys as _check_keys, limit,
+                              mapping as _mapping, material as _material, num as _num, quat as _quat, str_ as _str,
+                              vec as _vec)
 
 
 def read_yaml(path) -> dict:
@@ -120,7 +121,7 @@ def validate(data: dict, path="<dict>") -> Scene:
             sim[k] = float(_num(ctx, key, v, nonneg=True, high=1.0))
         elif k in ("restitution_threshold",):
             sim[k] = float(_num(ctx, key, v, nonneg=True))
-        elif k == "max_speed":
+        elif k in ("max_speed", "penetration_limit"):
             sim[k] = float(_num(ctx, key, v, positive=True))
         elif k == "large_body_factor":
             sim[k] = float(_num(ctx, key, v, nonneg=True))
@@ -177,7 +178,10 @@ def validate(data: dict, path="<dict>") -> Scene:
         ctx.fail("bodies", "a list of bodies and generators", bodies_raw)
     rng = np.random.default_rng(sim["seed"])
     acc = Bodies()
+    ends = []   # the first body after bodies[k], for messages about a body of a generator
     for k, b in enumerate(bodies_raw):
+        if k:
+            ends.append(acc.count)
         key = f"bodies[{k}]"
         _mapping(ctx, key, b)
         if "generate" in b:
@@ -195,6 +199,7 @@ def validate(data: dict, path="<dict>") -> Scene:
     bodies = acc.arrays()
     if bodies["shape"].shape[0] == 0:
         ctx.fail("bodies", "at least one body", bodies_raw)
+    _check_mass(ctx, bodies, materials, ends)
 
     camera = data.get("camera")
     if camera is not None:
@@ -208,6 +213,22 @@ def validate(data: dict, path="<dict>") -> Scene:
             camera["fov"] = _num(ctx, "camera.fov", camera["fov"], positive=True, high=179)
     return Scene(path=str(path), name=name, description=description, sim=sim, materials=materials,
                  material_index=material_index, statics=statics, bodies=bodies, camera=camera, raw=data)
+
+
+def _check_mass(ctx, bodies, materials, ends):
+    """Every moving body's mass and moments of inertia within MASS_RANGE (a density of 1e308, or a radius of 1e30,
+    would give an infinite mass in the solver's float32)."""
+    mass, _, _, inertia = body_mass_properties(bodies, materials)
+    low, high = MASS_RANGE
+    with np.errstate(invalid="ignore"):
+        bad = ~bodies["fixed"] & ~(((mass >= low) & (mass <= high)) & ((inertia >= low) & (inertia <= high)).all(1))
+    if bad.any():
+        i = int(np.argmax(bad))
+        k = int(np.searchsorted(ends, i, side="right"))
+        mat = materials[int(bodies["material"][i])]
+        ctx.fail(f"bodies[{k}]", f"a mass and moments of inertia within [{low:g}, {high:g}] (kg, kg m^2; the solver "
+                 f"computes in float32): body {i} (material {mat['name']!r}, density {mat['density']:g} kg/m^3) has "
+                 f"mass {mass[i]:.3g} kg and moments {', '.join(f'{x:.3g}' for x in inertia[i])}", have_got=False)
 
 
 # The project's root: shipped scenes are found from any working directory.

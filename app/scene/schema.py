@@ -33,6 +33,7 @@ SIM_DEFAULTS = {
     "warm_start": 1.0,              # fraction of last step's impulses applied first (1: full; less loses support in tall stacks)
     "padded_capacity": 32,          # contacts per body for `contacts: padded` (and the dynamic max)
     "max_speed": 1000.0,            # m/s: faster than this is an explosion
+    "penetration_limit": 1.0,       # a contact deeper than this x the smaller half-size of its pair is reported
     "resort_interval": 500,         # steps between re-sorts of large scenes' bodies in memory (0: never)
     "large_body_factor": 4.0,       # bodies above this x the median bounding radius skip the grid (0: none do)
 }
@@ -63,6 +64,7 @@ LIMITS = {
     "solver_iterations": 10_000,   # sim.solver_iterations
     "file_bytes": 64 * 2**20,      # size of a scene or sweep file
     "aliases": 1_000,              # YAML aliases (*name) in one document
+    "runs": 100_000,               # runs one batch expands to (scenes x seeds x values)
 }
 
 
@@ -184,14 +186,44 @@ def body_bounding_radius(bodies) -> np.ndarray:
                     np.linalg.norm(bodies["half_extents"], axis=1)).astype(np.float64)
 
 
+# A body's mass (kg) and principal moments of inertia (kg m^2) must lie in this range: the solver works in float32
+# (largest 3.4e38), and inverse masses times impulses, and masses times speeds squared, must stay finite.
+MASS_RANGE = (1e-30, 1e30)
+
+
+def body_mass_properties(bodies, materials):
+    """(mass kg (N,), inverse mass 1/kg (N,), body-frame inverse inertia diagonal 1/(kg m^2) (N,3), inertia diagonal
+    kg m^2 (N,3)) from shape and density; fixed bodies get zero inverse mass and inertia. In float64: a value out of
+    MASS_RANGE (validate refuses it) comes out as it is, inf included, without a warning."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        dens = np.asarray([m["density"] for m in materials], np.float64)[bodies["material"]]
+        r = bodies["radius"]
+        h = bodies["half_extents"]
+        sphere = bodies["shape"] == SHAPE_SPHERE
+        vol = np.where(sphere, 4.0 / 3.0 * np.pi * r ** 3, 8.0 * h.prod(axis=1))
+        mass = dens * vol
+        inertia = np.empty((len(r), 3))
+        inertia[sphere] = (0.4 * mass[sphere] * r[sphere] ** 2)[:, None]
+        bx = ~sphere
+        hx, hy, hz = h[bx, 0], h[bx, 1], h[bx, 2]
+        m = mass[bx]
+        inertia[bx] = np.stack([m / 3 * (hy * hy + hz * hz), m / 3 * (hx * hx + hz * hz), m / 3 * (hx * hx + hy * hy)],
+                               1)
+        inv_mass = np.where(bodies["fixed"], 0.0, 1.0 / mass)
+        inv_inertia = np.where(bodies["fixed"][:, None], 0.0, 1.0 / inertia)
+    return mass, inv_mass, inv_inertia, inertia
+
+
 # ----------------------------------------------------------------------------------------------------
 # validation helpers: each returns the checked value or fails with one line naming the key
 # ----------------------------------------------------------------------------------------------------
 def num(ctx, key, v, positive=False, nonneg=False, integer=False, low=None, high=None):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         ctx.fail(key, "an integer" if integer else "a number", v)
-    if integer and not isinstance(v, int):
-        ctx.fail(key, "an integer", v)
+    if integer and isinstance(v, float):   # 1e3 and 20.0 are the integers they look like
+        if not (math.isfinite(v) and v.is_integer()):
+            ctx.fail(key, "an integer", v)
+        v = int(v)
     if not math.isfinite(v):
         ctx.fail(key, "a finite number (not NaN or inf)", v)
     if positive and v <= 0:

@@ -2,8 +2,9 @@
 
 PyYAML's safe loader, with three changes: a mapping that repeats a key is an error (PyYAML keeps the last one
 silently); numbers written as `2e-3` or `1e10` are floats, as in YAML 1.2 (YAML 1.1 wants a dot: `2.0e-3`, and
-reads `2e-3` as a string); and a document may use at most LIMITS["aliases"] aliases (`*name`), so that a small
-file cannot stand for an exponentially large one (a "billion laughs").
+reads `2e-3` as a string); a document may use at most LIMITS["aliases"] aliases (`*name`), so that a small
+file cannot stand for an exponentially large one (a "billion laughs"); and lists and mappings nest at most
+NESTING_LIMIT deep.
 """
 import os
 import re
@@ -15,12 +16,17 @@ from app.errors import UserError
 from app.scene.schema import limit
 
 
+# Nesting a scene or sweep file may use: scenes need about 5 levels (PyYAML would hit Python's recursion limit near 300).
+NESTING_LIMIT = 64
+
+
 class _StrictLoader(yaml.SafeLoader):
     """yaml.SafeLoader that rejects duplicate keys, reads 2e-3 as a float and bounds aliases."""
 
     def __init__(self, stream):
         super().__init__(stream)
         self._aliases = 0
+        self._depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -29,7 +35,15 @@ class _StrictLoader(yaml.SafeLoader):
                 event = self.peek_event()
                 raise yaml.composer.ComposerError(
                     None, None, f"more than {limit('aliases')} aliases (*name) in one document", event.start_mark)
-        return super().compose_node(parent, index)
+        # PyYAML composes nested lists and mappings recursively: deep nesting would end in a RecursionError.
+        self._depth += 1
+        try:
+            if self._depth > NESTING_LIMIT:
+                raise yaml.composer.ComposerError(
+                    None, None, f"lists or mappings nested more than {NESTING_LIMIT} deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -91,10 +105,15 @@ def read_text(path, what: str) -> str:
         raise UserError(f"{path}: {st.st_size:,} bytes, more than a {what} may have ({limit('file_bytes'):,}; "
                         f"SMOLVLA_LIMITS=file_bytes=N raises the limit)")
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the {what} ({e})") from None
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path}: line {line}: expected UTF-8 text, found byte 0x{data[e.start]:02x}") from None
 
 
 def load_file(path, what: str):

@@ -1,8 +1,10 @@
 """Diagnostics: what a step reports about itself, on the device, and the one read a frame makes of it.
 
 A step records, without a host read: the first body that went NaN or faster than sim.max_speed (health), the
-contact points it found and the deepest penetration. kernel_frame_readout gathers these with the kinetic energy
-into one small field, so that the host pays one round trip a frame for all of them (app.sim.simulation).
+contact points it found, the deepest penetration, and the deepest as a fraction of the pair's size (a pair deeper
+than sim.penetration_limit is named). kernel_frame_readout gathers these with the kinetic energy into one small
+field, so that the host pays one round trip a frame for all of them (app.sim.simulation), and starts the next
+frame's penetration record. OverlapWatch follows deep penetration from frame to frame on the host.
 """
 import taichi as ti
 
@@ -11,9 +13,16 @@ from app.sim.math3d import quat_mul
 # Sentinel for "no bad body seen" in error_body / error_step (atomic_min keeps the first).
 NO_ERROR = 2 ** 31 - 1
 
+# Sentinel for "no pair deeper than the limit" in deep_pair (atomic_min keeps the pair of lowest stored indices).
+NO_PAIR = 2 ** 62
+# deep_pair = i * PAIR_STRIDE + (j + 1): bodies i, j (stored indices; j = -1: static geometry) in one i64
+PAIR_STRIDE = 2 ** 32
+
 # What kernel_frame_readout writes, by index (Simulation.read_frame reads it).
 READOUT_FIELDS = ("error_step", "error_body", "error_kind", "failed_step", "contacts", "max_depth", "dropped",
-                  "kinetic_energy")
+                  "kinetic_energy", "max_depth_fraction", "deep_body", "deep_other")
+# The fields read_frame keeps as floats (the others are integers).
+READOUT_FLOATS = ("max_depth", "kinetic_energy", "max_depth_fraction")
 
 
 @ti.data_oriented
@@ -24,7 +33,11 @@ class Diagnostics:
         Simulation.check names it by its scene index). error_step: i32, the earliest step at which it happened.
         error_kind: i32, 1 NaN, 2 too fast.
     contact_total: i32, contact points found in the last step (a pair contact counts once).
-    max_depth: f32 m, deepest penetration seen since the last reset_max_depth().
+    max_depth: f32 m, deepest penetration seen since the last readout (kernel_frame_readout starts it again).
+    max_depth_fraction: f32, the largest penetration / size of a pair since the last readout; size: the smaller
+        of the two bodies' half-sizes (sphere radius, a box's smallest half extent; static geometry has none).
+    deep_pair: i64, the pair of lowest stored indices deeper than model.penetration_limit since the last readout,
+        as i * PAIR_STRIDE + (j + 1) (NO_PAIR if none).
     readout: f64 (len(READOUT_FIELDS),), kernel_frame_readout's output.
     """
 
@@ -34,6 +47,8 @@ class Diagnostics:
         self.error_kind = ti.field(ti.i32, ())
         self.contact_total = ti.field(ti.i32, ())
         self.max_depth = ti.field(ti.f32, ())
+        self.max_depth_fraction = ti.field(ti.f32, ())
+        self.deep_pair = ti.field(ti.i64, ())
         self.readout = ti.field(ti.f64, shape=len(READOUT_FIELDS))
         self.reset()
 
@@ -43,9 +58,8 @@ class Diagnostics:
         self.error_kind[None] = 0
         self.contact_total[None] = 0
         self.max_depth[None] = 0.0
-
-    def reset_max_depth(self):
-        self.max_depth[None] = 0.0
+        self.max_depth_fraction[None] = 0.0
+        self.deep_pair[None] = NO_PAIR
 
 
 # Taichi turns an atomic on a 0-d field whose result is unused into a per-thread reduction: every thread of the
@@ -89,6 +103,22 @@ def check_body(diagnostics: ti.template(), i, step_index, x, v, w, bounding_radi
 
 
 @ti.func
+def record_penetration(model: ti.template(), diagnostics: ti.template(), i, j, depth):
+    """Record the deepest penetration depth (m) of pair (i, j) (stored indices; j < 0: static geometry) in
+    diagnostics.max_depth, max_depth_fraction and, past model.penetration_limit, deep_pair."""
+    atomic_max_rare(diagnostics.max_depth, depth)
+    if depth > 0.0:
+        size = model.body_half_extents[i].min()   # (a sphere's are r, r, r)
+        if j >= 0:
+            size = ti.min(size, model.body_half_extents[j].min())
+        fraction = depth / size
+        atomic_max_rare(diagnostics.max_depth_fraction, fraction)
+        if fraction > model.penetration_limit[None]:
+            pair = ti.cast(i, ti.i64) * ti.i64(PAIR_STRIDE) + ti.cast(j + 1, ti.i64)
+            atomic_min_rare(diagnostics.deep_pair, pair)
+
+
+@ti.func
 def body_kinetic_energy(model: ti.template(), state: ti.template(), i):
     """Kinetic energy (J, f64) of body i: translational + rotational (body-frame diagonal inertia); 0 if fixed."""
     total = ti.f64(0.0)
@@ -123,8 +153,9 @@ def kernel_frame_readout(model: ti.template(), state: ti.template(), diagnostics
                          contacts: ti.template()):
     """What the end of a frame reads, into diagnostics.readout (READOUT_FIELDS), so that the host pays one round
     trip for all of it: the health fields, contacts.failed_step (Simulation.advance), contact points of the last
-    step, the deepest penetration (m), the appends the padded / dynamic storage dropped (0 for a VLA), and the
-    total kinetic energy (J). i32 values are exact in f64."""
+    step, the deepest penetration (m), the appends the padded / dynamic storage dropped (0 for a VLA), the
+    total kinetic energy (J), the largest penetration fraction and the pair deeper than the limit (bodies i and j,
+    NO_ERROR when none). i32 values are exact in f64. The penetration record starts again for the next frame."""
     out = ti.static(diagnostics.readout)
     out[0] = diagnostics.error_step[None]
     out[1] = diagnostics.error_body[None]
@@ -135,7 +166,59 @@ def kernel_frame_readout(model: ti.template(), state: ti.template(), diagnostics
     out[6] = 0.0
     if ti.static(hasattr(contacts.lists, "dropped_total")):
         out[6] = contacts.lists.dropped_total()
+    out[8] = diagnostics.max_depth_fraction[None]
+    pair = diagnostics.deep_pair[None]
+    out[9] = NO_ERROR
+    out[10] = NO_ERROR
+    if pair != ti.i64(NO_PAIR):
+        out[9] = ti.cast(pair // ti.i64(PAIR_STRIDE), ti.f64)
+        out[10] = ti.cast(pair % ti.i64(PAIR_STRIDE) - 1, ti.f64)
+    diagnostics.max_depth[None] = 0.0
+    diagnostics.max_depth_fraction[None] = 0.0
+    diagnostics.deep_pair[None] = ti.i64(NO_PAIR)
     total = ti.f64(0.0)
     for i in range(model.body_count[None]):
         total += body_kinetic_energy(model, state, i)
     out[7] = total
+
+
+class OverlapWatch:
+    """Deep penetration over a run, followed on the host from each frame's readout (no extra device read).
+
+    A frame is deep when a contact went deeper than sim.penetration_limit times the pair's size (see Diagnostics).
+    observe() returns the events to report: "deep" at the first deep frame, "persistent" when deep frames have
+    followed each other for PERSIST_S seconds of simulated time (bodies that start inside each other and stay so,
+    a body pushed through another).
+
+    max_fraction: the largest penetration fraction seen. deep_frames: frames that were deep. longest_deep_s: the
+    longest run of deep frames (s). first_deep: {"time": s, "bodies": [stored i, stored j or -1]} or None.
+    """
+
+    PERSIST_S = 0.5
+
+    def __init__(self):
+        self.max_fraction = 0.0
+        self.deep_frames = 0
+        self.longest_deep_s = 0.0
+        self.first_deep = None
+        self._since = None          # start (s) of the current run of deep frames
+        self._persistent = False    # reported once
+
+    def observe(self, frame: dict, t_start: float, t_end: float) -> list[str]:
+        """Take the readout `frame` of the frame that simulated [t_start, t_end] (s)."""
+        self.max_fraction = max(self.max_fraction, frame["max_depth_fraction"])
+        if frame["deep_body"] == NO_ERROR:
+            self._since = None
+            return []
+        events = []
+        self.deep_frames += 1
+        if self.first_deep is None:
+            self.first_deep = {"time": t_end, "bodies": [frame["deep_body"], frame["deep_other"]]}
+            events.append("deep")
+        if self._since is None:
+            self._since = t_start
+        self.longest_deep_s = max(self.longest_deep_s, t_end - self._since)
+        if t_end - self._since >= self.PERSIST_S - 1e-9 and not self._persistent:
+            self._persistent = True
+            events.append("persistent")
+        return events

@@ -16,7 +16,8 @@ kernel.
 import numpy as np
 import taichi as ti
 
-from app.scene import SHAPE_SPHERE, Scene, body_bounding_radius
+from app.scene import Scene, body_bounding_radius
+from app.scene.schema import body_mass_properties
 from app.sim.permute import permute_field
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -71,26 +72,6 @@ def plane_rows(statics, bounding_radius_max: float):
     return rows
 
 
-def body_mass_properties(bodies, materials):
-    """(mass kg (N,), body-frame inverse inertia diagonal 1/(kg m^2) (N,3)) from shape and density;
-    fixed bodies get zero inverse mass and inertia."""
-    dens = np.asarray([m["density"] for m in materials], np.float64)[bodies["material"]]
-    r = bodies["radius"]
-    h = bodies["half_extents"]
-    sphere = bodies["shape"] == SHAPE_SPHERE
-    vol = np.where(sphere, 4.0 / 3.0 * np.pi * r ** 3, 8.0 * h.prod(axis=1))
-    mass = dens * vol
-    inertia = np.empty((len(r), 3))
-    inertia[sphere] = (0.4 * mass[sphere] * r[sphere] ** 2)[:, None]
-    bx = ~sphere
-    hx, hy, hz = h[bx, 0], h[bx, 1], h[bx, 2]
-    m = mass[bx]
-    inertia[bx] = np.stack([m / 3 * (hy * hy + hz * hz), m / 3 * (hx * hx + hz * hz), m / 3 * (hx * hx + hy * hy)], 1)
-    inv_mass = np.where(bodies["fixed"], 0.0, 1.0 / mass)
-    inv_inertia = np.where(bodies["fixed"][:, None], 0.0, 1.0 / inertia)
-    return mass, inv_mass, inv_inertia
-
-
 # The Model's per-body fields: what store_in_order moves.
 BODY_FIELDS = ("body_shape", "body_radius", "body_half_extents", "body_mass", "body_inv_mass", "body_inv_inertia",
                "body_material", "body_id")
@@ -126,7 +107,8 @@ class Model:
         walls end at the top), plane_thickness m (deeper penetration is ignored: the wall's back side).
     Runtime parameters, 0-d fields: body_count, material_count, plane_count, gravity m/s^2,
         restitution_threshold m/s, slop m, contact_margin m, position_correction (split-impulse beta),
-        warm_start (fraction), max_speed m/s, grid_cell_size m, grid_large_radius m (bodies of a larger
+        warm_start (fraction), max_speed m/s, penetration_limit (fraction of a half-size: app.sim.diagnostics),
+        grid_cell_size m, grid_large_radius m (bodies of a larger
         bounding radius are large: app.sim.broadphase finds their pairs apart from the grid).
     """
 
@@ -164,6 +146,7 @@ class Model:
         self.position_correction = ti.field(ti.f32, ())
         self.warm_start = ti.field(ti.f32, ())
         self.max_speed = ti.field(ti.f32, ())
+        self.penetration_limit = ti.field(ti.f32, ())
         self.grid_cell_size = ti.field(ti.f32, ())
         self.grid_large_radius = ti.field(ti.f32, ())
         self.host_body_count = 0   # body_count[None] on the host (reading the field would sync the device)
@@ -171,7 +154,7 @@ class Model:
 
 # Runtime parameters: the sim keys a Model holds in 0-d fields of the same name.
 PARAM_KEYS = ("gravity", "restitution_threshold", "slop", "contact_margin", "position_correction", "warm_start",
-              "max_speed")
+              "max_speed", "penetration_limit")
 
 
 class ModelBuilder:
@@ -205,7 +188,7 @@ class ModelBuilder:
     def add_bodies(self, bodies):
         """Append body rows (a validated Scene's bodies: shape, radius, half_extents, material, fixed; positions and
         velocities belong to the State) after the others, with their mass properties."""
-        mass, inv_mass, inv_inertia = body_mass_properties(bodies, self.materials)
+        mass, inv_mass, inv_inertia, _ = body_mass_properties(bodies, self.materials)
         new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
                "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
                "fixed": bodies["fixed"]}

@@ -21,7 +21,7 @@ import taichi as ti
 from vla import launch
 from vla.scan import exclusive_scan
 
-from app.sim.diagnostics import atomic_max_rare
+from app.sim.diagnostics import record_penetration
 from app.sim.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
 from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
@@ -549,6 +549,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             flag = SECOND_COPY
         searched = inv_i > 0.0 or inv_j > 0.0
         lp = prev_base + s
+        deepest = -1e30
         for q in range(m.count):
             point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
             depth = m.depth[q]
@@ -582,7 +583,8 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 lists.append(base + j, _record(point, code, depth, i, m.feature[q] | SECOND_COPY, bias,
                                                ti.select(inv_j > 0.0, jn, 0.0),
                                                ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
-            atomic_max_rare(diagnostics.max_depth, depth)
+            deepest = ti.max(deepest, depth)
+        record_penetration(model, diagnostics, i, j, deepest)
 
 
 @ti.func

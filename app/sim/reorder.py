@@ -30,7 +30,7 @@ import numpy as np
 import taichi as ti
 
 from app.sim.contacts import kernel_clear_lists
-from app.sim.diagnostics import NO_ERROR
+from app.sim.diagnostics import NO_ERROR, NO_PAIR, PAIR_STRIDE
 from app.sim.permute import permute_field
 from app.sim.state import BODY_FIELDS as STATE_BODY_FIELDS
 from vla.scan import exclusive_scan, scan_scratch_size
@@ -110,7 +110,7 @@ def kernel_order_by_shape(model: ti.template(), grid_order: ti.template(), reord
 def kernel_permute_state(model: ti.template(), state: ti.template(), diagnostics: ti.template(),
                          reorder: ti.template(), order: ti.template()):
     """Store body order[k] at index k (k < model.body_count) in every per-body field of the state, fill
-    reorder.inverse, and renumber diagnostics.error_body. order: i32 field, a permutation of 0..body_count-1.
+    reorder.inverse, and renumber diagnostics.error_body and deep_pair. order: i32 field, a permutation of 0..body_count-1.
     The top-level loops run one after the other (a field is gathered completely before it is copied back)."""
     n = model.body_count[None]
     for k in range(n):
@@ -119,6 +119,13 @@ def kernel_permute_state(model: ti.template(), state: ti.template(), diagnostics
         permute_field(ti.static(getattr(state, name)), reorder, order, n)
     if diagnostics.error_body[None] != NO_ERROR:
         diagnostics.error_body[None] = reorder.inverse[diagnostics.error_body[None]]
+    pair = diagnostics.deep_pair[None]
+    if pair != ti.i64(NO_PAIR):
+        i = reorder.inverse[ti.cast(pair // ti.i64(PAIR_STRIDE), ti.i32)]
+        j = ti.cast(pair % ti.i64(PAIR_STRIDE), ti.i32) - 1
+        if j >= 0:
+            j = reorder.inverse[j]
+        diagnostics.deep_pair[None] = ti.cast(i, ti.i64) * ti.i64(PAIR_STRIDE) + ti.cast(j + 1, ti.i64)
 
 
 @ti.kernel

@@ -27,7 +27,8 @@ from app.errors import UserError
 from app.scene import SIM_DEFAULTS, Scene, validate
 from app.sim.broadphase import Grid
 from app.sim.contacts import ContactSet, dynamic_pool_gb
-from app.sim.diagnostics import NO_ERROR, READOUT_FIELDS, Diagnostics, kernel_frame_readout, kernel_kinetic_energy
+from app.sim.diagnostics import (NO_ERROR, READOUT_FIELDS, READOUT_FLOATS, Diagnostics, OverlapWatch,
+                                  kernel_frame_readout, kernel_kinetic_energy)
 from app.sim.model import Model, ModelBuilder
 from app.sim.narrowphase import find_contacts
 from app.sim.reorder import Reorder, resort_bodies, storage_order
@@ -131,6 +132,7 @@ class Simulation:
     def __init__(self, scene: Scene, contacts=None, capacity=None, verbose=True, spatial_sort=True,
                  resort_interval=None):
         self.verbose = verbose
+        self.strict = False   # deep penetration raises SimulationError instead of a warning
         self.spatial_sort = bool(spatial_sort)  # store bodies by shape and place (storage_order); False: scene order
         self._resort_interval_override = None if resort_interval is None else int(resort_interval)
         self.resort_min_bodies = self.RESORT_MIN_BODIES
@@ -194,6 +196,8 @@ class Simulation:
         self._unchecked = 0
         self._check_every = 1
         self.last_frame = None
+        self.overlap = OverlapWatch()
+        self.health_warnings = []
         self.overflow_events = []
         self.vla_regrowths = 0   # steps redone to grow a VLA (see advance)
         self._overflow_seen = self.contacts.overflowed()
@@ -393,7 +397,7 @@ class Simulation:
         dict of ints (floats for max_depth and kinetic_energy); also kept in last_frame."""
         kernel_frame_readout(self.model, self.state, self.diagnostics, self.contacts)
         values = self.diagnostics.readout.to_numpy().tolist()
-        frame = {name: (x if name in ("max_depth", "kinetic_energy") else int(x))
+        frame = {name: (x if name in READOUT_FLOATS else int(x))
                  for name, x in zip(READOUT_FIELDS, values)}
         self.last_frame = frame
         return frame
@@ -412,6 +416,14 @@ class Simulation:
                 f"{self.scene.path}: simulation exploded: body {body} (scene order) got {kind} at step {step} "
                 f"(t = {step * self.dt:.4f} s); try a smaller sim.dt, more sim.solver_iterations, or bodies that do "
                 f"not start overlapping")
+        frame_time = self.substeps * self.dt
+        for event in self.overlap.observe(frame, self.sim_time - frame_time, self.sim_time):
+            message = self._overlap_message(event, frame)
+            if self.strict:
+                raise SimulationError(f"{message} (--strict stops the run)")
+            self.health_warnings.append(message)
+            if self.verbose:
+                print(f"warning: {message}", file=sys.stderr)
         total = frame["dropped"]
         if total > self._overflow_seen:
             lost = total - self._overflow_seen
@@ -422,6 +434,35 @@ class Simulation:
                 print(f"warning: contact storage '{self.contacts_kind}' dropped {lost} contacts before step "
                       f"{self.step_count} (capacity {self.scene.sim['padded_capacity']} per body; raise "
                       f"sim.padded_capacity or use contacts: vla)", file=sys.stderr)
+
+    def _overlap_message(self, event: str, frame: dict) -> str:
+        i = int(self.scene_of[frame["deep_body"]])
+        j = frame["deep_other"]
+        who = f"bodies {min(i, int(self.scene_of[j]))} and {max(i, int(self.scene_of[j]))}" if j >= 0 else \
+            f"body {i} and the static geometry"
+        limit = float(self.model.penetration_limit[None])
+        if event == "deep":
+            return (f"{self.scene.path}: {who} (scene order) overlap deeper than sim.penetration_limit = {limit:g} "
+                    f"of the smaller half-size at t = {self.sim_time:.4f} s (deepest contact this frame: "
+                    f"{frame['max_depth']:.3g} m, {frame['max_depth_fraction']:.2f} of its pair's size); bodies "
+                    f"placed inside each other, a large sim.dt or too few sim.solver_iterations do this")
+        return (f"{self.scene.path}: {who} (scene order) still overlap deeper than sim.penetration_limit = "
+                f"{limit:g} after {self.overlap.PERSIST_S:g} s (every frame since t = "
+                f"{self.sim_time - self.overlap.longest_deep_s:.4f} s)")
+
+    def health(self) -> dict:
+        """The run's penetration record (metrics.json "health"): penetration_limit, max_penetration_fraction (the
+        deepest contact over its pair's size), deep_frames, longest_deep_s (s), first_deep ({time s, bodies in
+        scene order, None for static geometry} or None), warnings (the messages printed)."""
+        w = self.overlap
+        first = None
+        if w.first_deep is not None:
+            i, j = w.first_deep["bodies"]
+            first = {"time": w.first_deep["time"],
+                     "bodies": [int(self.scene_of[i]), int(self.scene_of[j]) if j >= 0 else None]}
+        return {"penetration_limit": float(self.model.penetration_limit[None]),
+                "max_penetration_fraction": w.max_fraction, "deep_frames": w.deep_frames,
+                "longest_deep_s": w.longest_deep_s, "first_deep": first, "warnings": list(self.health_warnings)}
 
     # ------------------------------------------------------------------ host accessors (numpy, scene order)
     def to_scene_order(self, stored: np.ndarray) -> np.ndarray:
@@ -474,7 +515,7 @@ class Simulation:
             "contacts": int(self.diagnostics.contact_total[None]),
             "contacts_per_body_max": int(counts.max()) if counts.size else 0,
             "contacts_per_body_mean": float(counts.mean()) if counts.size else 0.0,
-            "max_penetration": float(self.diagnostics.max_depth[None]),
+            "max_penetration": self.last_frame["max_depth"] if self.last_frame else 0.0,
             "kinetic_energy": self.kinetic_energy(),
             "contact_storage": self.contacts.stats(),
             "grid": self.grid.stats(),

@@ -48,6 +48,7 @@ def main_interactive(args) -> int:
     from app.sim import Simulation
 
     sim = Simulation(scene, capacity=scene.body_count + headroom)
+    sim.strict = bool(getattr(args, "strict", False))
     size = parse_size(args.size) if getattr(args, "size", None) else DEFAULT_SIZE
     viewer = InteractiveViewer(sim, size=size, screenshot_dir=getattr(args, "screenshot_dir", None) or SCREENSHOT_DIR,
                                color_mode=getattr(args, "color", None) or "material",

@@ -6,7 +6,6 @@ image of a run's final state.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -15,55 +14,133 @@ import time
 import numpy as np
 
 from app.errors import UserError
+from app.files import read_json_object
 from app.viewer.display import (DEFAULT_SIZE, OFFSCREEN_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi,
                                 has_display, open_window, parse_size, save_png, vulkan_problem)
 from app.viewer.offscreen import OffscreenView, VideoWriter
 
 
+# What a headless run writes (app.headless), as load_out_dir checks it: {array: (shape, dtype kinds)}, N bodies and
+# F frames shared between the files.
+# Numbers may be integers or floats (a hand-made file may hold [1, 0, 0, 0]); indices must be integers.
+STATE_ARRAYS = {"shape": (("N",), "iu"), "half_extents": (("N", 3), "fiu"), "material": (("N",), "iu"),
+                "position": (("N", 3), "fiu"), "orientation": (("N", 4), "fiu")}
+TRAJECTORY_ARRAYS = {"time": (("F",), "fiu"), "position": (("F", "N", 3), "fiu"),
+                     "orientation": (("F", "N", 4), "fiu")}
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _load_npz(path, arrays, dims, what):
+    """The arrays `arrays` (STATE_ARRAYS, TRAJECTORY_ARRAYS) of the .npz file `path`, each of the shape, kind and
+    finiteness given; symbolic sizes agree through `dims`. UserError naming the file otherwise."""
+    import zipfile
+    import zlib
+
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: not a regular file (expected the {what} of `python run.py SCENE --headless`)")
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"{path}: not a .npz file (a zip archive of .npy arrays); expected the {what} of a headless "
+                        f"run")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in arrays if k not in z.files]
+            if missing:
+                raise UserError(f"{path}: no array {missing[0]!r} (expected {', '.join(arrays)}: the {what} of a "
+                                f"headless run)")
+            for k in arrays:   # sizes from the headers first: a small compressed file may hold a huge array
+                with z.zip.open(f"{k}.npy") as fh:
+                    major, _ = np.lib.format.read_magic(fh)
+                    read_header = (np.lib.format.read_array_header_1_0 if major == 1 else
+                                   np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(fh)
+                nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+                if nbytes > _memory_bytes() // 2:
+                    raise UserError(f"{path}: {k} would take {nbytes / 2**30:.1f} GiB, more than half this "
+                                    f"machine's memory")
+            out = {k: z[k] for k in arrays}
+    except UserError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        reason = str(e).split(".")[0][:100]
+        raise UserError(f"{path}: not a readable .npz ({type(e).__name__}: {reason}); expected the {what} of a "
+                        f"headless run") from None
+    for k, (shape, kinds) in arrays.items():
+        a = out[k]
+        want = "x".join(str(d) for d in shape)
+        if a.dtype.kind not in kinds or a.ndim != len(shape):
+            raise UserError(f"{path}: {k} is {a.dtype} of shape {a.shape}; expected {want} "
+                            f"{'numbers' if 'f' in kinds else 'integers'}")
+        for d, w in zip(a.shape, shape):
+            if isinstance(w, str):
+                w = dims.setdefault(w, d)
+            if d != w:
+                raise UserError(f"{path}: {k} has shape {a.shape}; expected {want} with "
+                                f"{', '.join(f'{n} = {v}' for n, v in dims.items())}")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise UserError(f"{path}: {k} holds NaN or inf")
+    return out
+
+
+def _scene_of_run(mpath):
+    """The scene a run's metrics.json names (scene_path, overrides), or None with a note on stderr: the geometry is
+    an extra (floor and walls), the bodies can be drawn without it."""
+    if not os.path.isfile(mpath):
+        return None
+    try:
+        m = read_json_object(mpath)
+    except (OSError, ValueError) as e:
+        print(f"note: {mpath}: unreadable ({e}); drawing bodies without static geometry", file=sys.stderr)
+        return None
+    sp = m.get("scene_path")
+    overrides = m.get("overrides") or []
+    if not isinstance(sp, str) or not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        print(f"note: {mpath}: no scene_path (a string) and overrides (strings); drawing bodies without static "
+              f"geometry", file=sys.stderr)
+        return None
+    if not os.path.isfile(sp):
+        print(f"note: {mpath}: its scene {sp} is gone; drawing bodies without static geometry", file=sys.stderr)
+        return None
+    from app.scene import load_scene
+
+    try:
+        return load_scene(sp, tuple(overrides))
+    except UserError as e:
+        print(f"note: scene not reloaded ({e}); drawing bodies without static geometry", file=sys.stderr)
+        return None
+
+
 def load_out_dir(out_dir):
-    """(shapes dict, final poses, trajectory or None, scene or None) from a headless run's output directory.
-    The scene (for static geometry and camera) is reloaded from metrics.json's scene_path when it exists."""
-    state_path = os.path.join(out_dir, "state.npz")
+    """(shapes dict, final poses, trajectory or None, scene or None) from a headless run's output directory, every
+    array checked (shape, dtype, finite; body and frame counts agree). The scene (for static geometry and camera) is
+    reloaded from metrics.json's scene_path when it exists."""
     if not os.path.isdir(out_dir):
         raise UserError(f"{out_dir}: not a directory (expected the --out directory of a headless run)")
-    if not os.path.isfile(state_path):
+    state_path = os.path.join(out_dir, "state.npz")
+    if not os.path.exists(state_path):
         raise UserError(f"{out_dir}: no state.npz (expected the --out directory of `python run.py SCENE --headless`)")
-    try:
-        st = np.load(state_path)
-        shapes = {k: st[k] for k in ("shape", "half_extents", "material")}
-        final = (st["position"], st["orientation"])
-    except (OSError, KeyError, ValueError) as e:
-        raise UserError(f"{state_path}: unreadable or missing arrays ({e}); expected shape, half_extents, "
-                        f"material, position, orientation") from None
+    dims = {}
+    st = _load_npz(state_path, STATE_ARRAYS, dims, "state.npz")
+    if dims["N"] == 0:
+        raise UserError(f"{state_path}: no bodies")
+    if not np.isin(st["shape"], (0, 1)).all() or (st["material"] < 0).any() or (st["half_extents"] < 0).any():
+        raise UserError(f"{state_path}: shape must be 0 (sphere) or 1 (box), material >= 0, half_extents >= 0")
+    shapes = {k: st[k] for k in ("shape", "half_extents", "material")}
+    final = (st["position"], st["orientation"])
     traj = None
     tpath = os.path.join(out_dir, "trajectory.npz")
-    if os.path.isfile(tpath):
-        try:
-            t = np.load(tpath)
-            traj = {"time": np.asarray(t["time"], np.float64), "position": t["position"],
-                    "orientation": t["orientation"]}
-        except (OSError, KeyError, ValueError) as e:
-            raise UserError(f"{tpath}: unreadable ({e}); expected time, position, orientation") from None
-        if traj["position"].ndim != 3 or traj["position"].shape[1] != len(shapes["shape"]):
-            raise UserError(f"{tpath}: position has shape {traj['position'].shape}, expected (frames, "
-                            f"{len(shapes['shape'])}, 3) to match state.npz")
-    scene = None
-    mpath = os.path.join(out_dir, "metrics.json")
-    if os.path.isfile(mpath):
-        try:
-            with open(mpath) as fh:
-                m = json.load(fh)
-            sp = m.get("scene_path")
-            if sp and os.path.isfile(sp):
-                from app.scene import load_scene
-
-                scene = load_scene(sp, tuple(m.get("overrides") or ()))
-            elif sp:
-                print(f"note: {mpath}: its scene {sp} is gone; drawing bodies without static geometry",
-                      file=sys.stderr)
-        except (OSError, ValueError, UserError) as e:
-            print(f"note: {mpath}: scene not reloaded ({e}); drawing bodies without static geometry",
-                  file=sys.stderr)
+    if os.path.exists(tpath):
+        traj = _load_npz(tpath, TRAJECTORY_ARRAYS, dims, "trajectory.npz (--record)")
+        traj["time"] = traj["time"].astype(np.float64)
+        if dims["F"] == 0 or (np.diff(traj["time"]) < 0).any():
+            raise UserError(f"{tpath}: time must hold one or more frames in increasing order")
+    scene = _scene_of_run(os.path.join(out_dir, "metrics.json"))
+    if scene is not None and int(st["material"].max()) >= len(scene.materials):
+        print(f"note: {state_path}: material {int(st['material'].max())} is not in the scene's "
+              f"{len(scene.materials)} materials; drawing bodies without the scene", file=sys.stderr)
+        scene = None
     return shapes, final, traj, scene
 
 
@@ -106,8 +183,6 @@ def replay_main(argv) -> int:
     if traj is None:
         raise UserError(f"{args.out_dir}: no trajectory.npz (record one with `python run.py SCENE --headless "
                         f"--frames N --record --out {args.out_dir}`)")
-    if len(traj["time"]) == 0:
-        raise UserError(f"{args.out_dir}/trajectory.npz: no frames recorded")
     if not (args.speed > 0 and math.isfinite(args.speed)):
         raise UserError(f"replay --speed: expected a number > 0, got {args.speed}")
     if args.render_every < 1:

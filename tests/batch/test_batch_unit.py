@@ -427,3 +427,17 @@ def test_batch_finds_shipped_scenes_by_name_from_any_directory(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     runs = expand_runs(["bounce"], None, [])
     assert Path(runs[0].scene_path).resolve() == (Path(__file__).resolve().parents[2] / "scenes" / "bounce.yaml")
+
+
+def test_a_sweep_of_too_many_runs_is_refused_before_it_is_built(tmp_path, scene, monkeypatch):
+    # 1000 seeds x 1000 x 1000 values: 10^9 runs, refused from the sizes alone (building them would fill memory)
+    values = [str(v) for v in range(1000)]
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"batch: 1,000,000,000 runs \(1 scenes x 1000 seeds x 1000 values of a x 1000 "
+                                        r"values of b\); expected at most 100,000 \(SMOLVLA_LIMITS=runs=N"):
+        expand_runs([scene], list(range(1000)), [("a", values), ("b", values)])
+    assert time.monotonic() - t0 < 1.0
+    monkeypatch.setenv("SMOLVLA_LIMITS", "runs=6")
+    assert len(expand_runs([scene], [0, 1, 2], [("a", ["1", "2"])])) == 6
+    with pytest.raises(UserError, match="8 runs"):
+        expand_runs([scene], [0, 1, 2, 3], [("a", ["1", "2"])])

@@ -282,3 +282,29 @@ def test_a_pipe_or_a_device_is_not_read(tmp_path):
 def test_a_long_bad_value_is_cut_in_the_message(tmp_path):
     msg = _err(tmp_path, {"name": "t", "materials": {"m": {}}, "bodies": "x" * 10_000})
     assert len(msg) < 300 and "bodies: expected a list" in msg
+
+
+def test_masses_out_of_float32_range_are_refused(tmp_path):
+    body = "{shape: sphere, radius: %s, position: [0, 1, 0], material: m}"
+    for density, radius, says in (("1e308", "0.5", "mass 5.24e+307 kg"), ("1e-300", "0.5", "mass 5.24e-301 kg"),
+                                  ("1000", "1e30", "mass 4.19e+93 kg")):
+        text = (f"name: t\nmaterials: {{ok: {{}}, m: {{density: {density}}}}}\nbodies: "
+                f"[{(body % '0.1').replace('material: m', 'material: ok')}, {body % radius}]\n")
+        msg = _err(tmp_path, text)
+        assert "bodies[1]: expected a mass and moments of inertia within [1e-30, 1e+30]" in msg and says in msg, msg
+        assert "body 1 (material 'm'" in msg
+    # a generator's body is named by its generator, and a fixed body's mass does not matter
+    msg = _err(tmp_path, "name: t\nmaterials: {m: {}, heavy: {density: 1e40}}\nbodies:\n"
+               "  - {generate: stack, shape: box, half_extents: [0.1, 0.1, 0.1], count: 3, material: m}\n"
+               "  - {shape: sphere, radius: 0.5, position: [0, 1, 0], material: heavy}\n")
+    assert "bodies[1]:" in msg and "body 3 (material 'heavy'" in msg
+    load_scene(_write(tmp_path, "name: t\nmaterials: {m: {density: 1e308}}\nbodies: "
+                      "[{shape: box, half_extents: [1, 1, 1], position: [0, 0, 0], material: m, fixed: true}]\n"))
+
+
+def test_deep_nesting_is_one_line_not_a_recursion_error(tmp_path):
+    t0 = time.monotonic()
+    msg = _err(tmp_path, "name: t\nmaterials: {m: {}}\nbodies: []\ncamera: {position: " + "[" * 2000 + "]" * 2000 + "}\n")
+    assert "nested more than 64 deep" in msg and "line 4" in msg and time.monotonic() - t0 < 2.0
+    deep = "name: t\nmaterials: {m: {}}\nbodies: []\nx: " + "[" * 60 + "]" * 60 + "\n"   # within the limit: read
+    assert "x: expected a known key" in _err(tmp_path, deep)

@@ -14,6 +14,7 @@ import pytest
 ti = pytest.importorskip("taichi")
 
 from app.sim.contacts import SECOND_COPY  # noqa: E402
+from app.sim.diagnostics import NO_ERROR, NO_PAIR, PAIR_STRIDE  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.runtime import taichi_options  # noqa: E402
 from app.sim.math3d import quat_to_mat  # noqa: E402
@@ -97,7 +98,10 @@ def _frame_read_field_by_field(sim):
     return {"error_step": int(h.error_step[None]), "error_body": int(h.error_body[None]),
             "error_kind": int(h.error_kind[None]), "failed_step": int(c.failed_step[None]),
             "contacts": int(h.contact_total[None]), "max_depth": float(h.max_depth[None]),
-            "dropped": c.overflowed(), "kinetic_energy": sim.kinetic_energy()}
+            "dropped": c.overflowed(), "kinetic_energy": sim.kinetic_energy(),
+            "max_depth_fraction": float(h.max_depth_fraction[None]),
+            **({"deep_body": NO_ERROR, "deep_other": NO_ERROR} if h.deep_pair[None] == NO_PAIR else
+               {"deep_body": int(h.deep_pair[None]) // PAIR_STRIDE, "deep_other": int(h.deep_pair[None]) % PAIR_STRIDE - 1})}
 
 
 def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
@@ -109,10 +113,15 @@ def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
     assert sim.overflow_events and sim.overflow_events[0]["lost"] > 0
     assert "dropped" in capsys.readouterr().err
     # step_frame's one read (read_frame) holds what the fields hold; the kinetic energy sums in another order
-    frame, ref = sim.last_frame, _frame_read_field_by_field(sim)
-    assert frame["dropped"] == sim.contacts.overflowed() > 0 and frame["contacts"] > 0
+    sim.step()
+    ref = _frame_read_field_by_field(sim)
+    frame = sim.read_frame()
+    assert frame["dropped"] == sim.contacts.overflowed() > 0 and frame["contacts"] > 0 and frame["max_depth"] > 0
     assert frame["kinetic_energy"] == pytest.approx(ref.pop("kinetic_energy"), rel=1e-12)
     assert {k: v for k, v in frame.items() if k != "kinetic_energy"} == ref
+    # and starts the next frame's penetration record
+    h = sim.diagnostics
+    assert (h.max_depth[None], h.max_depth_fraction[None], h.deep_pair[None]) == (0.0, 0.0, NO_PAIR)
     # A step whose broadphase and narrowphase run twice (Simulation.step does when a VLA must grow on the host)
     # counts its drops once: the second fill replaces the first's count, and the solver step books it.
     from app.sim.narrowphase import find_contacts
@@ -317,6 +326,86 @@ def test_explosion_is_detected_with_body_and_step(sim):
     assert ei.value.exit_code == 1 and isinstance(ei.value, UserError)
 
 
+def _inside_scene(limit=None):
+    """A sphere (r 0.1, scene body 1) at the centre of a fixed box (half 1, scene body 0): 1.1 m deep, 11 x its
+    radius (no gravity)."""
+    sim_keys = {"gravity": [0, 0, 0]} if limit is None else {"gravity": [0, 0, 0], "penetration_limit": limit}
+    return scene_from_dict({"name": "inside", "sim": sim_keys, "materials": {"m": {}}, "bodies": [
+        {"shape": "box", "half_extents": [1, 1, 1], "position": [0, 0, 0], "material": "m", "fixed": True},
+        {"shape": "sphere", "radius": 0.1, "position": [0, 0, 0], "material": "m"}]})
+
+
+def test_deep_penetration_is_named_in_health_and_strict_stops(sim, capsys):
+    from app.sim import SimulationError
+
+    sim.load(_inside_scene())
+    sim.step_frame()
+    h = sim.health()
+    # the first step sees the start: 1.1 m over the sphere's radius 0.1 (the box is larger)
+    assert h["max_penetration_fraction"] == pytest.approx(11.0, rel=1e-5)
+    assert h["deep_frames"] == 1 and h["first_deep"]["bodies"] == [0, 1] and h["penetration_limit"] == 1.0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "bodies 0 and 1 (scene order) overlap deeper than sim.penetration_limit" \
+        in err and h["warnings"] == [err.strip()[len("warning: "):]]
+    assert sim.last_frame["max_depth"] == pytest.approx(1.1, rel=1e-5)
+    # under the limit nothing is reported; the fraction is still measured
+    sim.load(_inside_scene(limit=20.0))
+    sim.step_frame()
+    assert sim.health()["deep_frames"] == 0 and sim.health()["max_penetration_fraction"] == pytest.approx(11.0, 1e-5)
+    assert capsys.readouterr().err == ""
+    sim.strict = True
+    try:
+        sim.load(_inside_scene())
+        with pytest.raises(SimulationError, match=r"bodies 0 and 1 \(scene order\) overlap .*--strict stops the run"):
+            sim.step_frame()
+    finally:
+        sim.strict = False
+    # a resting body: penetration within the solver's slop, far below the limit
+    sim.load(scene_from_dict({"name": "rest", "materials": {"m": {}},
+                              "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}],
+                              "bodies": [{"shape": "box", "half_extents": [0.2, 0.05, 0.2], "position": [0, 0.05, 0],
+                                          "material": "m"}]}))
+    for _ in range(30):
+        sim.step_frame()
+    assert sim.health()["deep_frames"] == 0 and 0 < sim.health()["max_penetration_fraction"] < 0.05
+
+
+def test_deep_pair_is_renumbered_by_a_resort(sim):
+    # the pair recorded by a step, then a resort before the frame's readout: still the same scene bodies (a small
+    # sphere inside a fixed large one among 30 apart; the resort moves both, from stored 23, 24 to 12, 13)
+    at = [6.6, 0.6, 0.6]
+    bodies = [{"shape": "sphere", "radius": 0.5, "position": at, "material": "m", "fixed": True},
+              {"shape": "sphere", "radius": 0.1, "position": [at[0] + 0.01, at[1], at[2]], "material": "m"}]
+    bodies += [{"shape": "sphere", "radius": 0.1, "position": [(k % 6) * 1.3, (k // 6) * 1.3, 0.5 * (k % 3)],
+                "material": "m"} for k in range(30)]
+    sim.load(scene_from_dict({"name": "resorted", "sim": {"gravity": [0, 0, 0]}, "materials": {"m": {}},
+                              "bodies": bodies}))
+    sim.resort_interval = 0
+    try:
+        before = sim.internal_of[[0, 1]].copy()
+        sim.step()
+        sim.resort()
+        assert not np.array_equal(sim.internal_of[[0, 1]], before)
+        frame = sim.read_frame()
+        assert sorted([int(sim.scene_of[frame["deep_body"]]), int(sim.scene_of[frame["deep_other"]])]) == [0, 1]
+    finally:
+        sim.resort_interval = sim.RESORT_INTERVAL
+
+
+def test_overlap_watch_reports_the_first_deep_frame_and_a_persistent_overlap():
+    from app.sim.diagnostics import NO_ERROR, OverlapWatch
+
+    w = OverlapWatch()
+    clean = {"max_depth_fraction": 0.1, "deep_body": NO_ERROR, "deep_other": NO_ERROR}
+    deep = {"max_depth_fraction": 2.0, "deep_body": 4, "deep_other": -1}
+    dt = 0.1
+    events = [w.observe(f, k * dt, (k + 1) * dt) for k, f in enumerate([clean, deep, clean] + [deep] * 6)]
+    # deep at frame 1 (first); frames 3.. deep again: 0.5 s of them at frame 7 (persistent, once)
+    assert events == [[], ["deep"], [], [], [], [], [], ["persistent"], []]
+    assert w.deep_frames == 7 and w.max_fraction == 2.0 and w.first_deep == {"time": 0.2, "bodies": [4, -1]}
+    assert w.longest_deep_s == pytest.approx(0.6)
+
+
 def test_batched_iterations_match_one_per_launch(sim, monkeypatch):
     # The solver runs ITERATION_BATCH Jacobi iterations per launch (then single ones): the ping-pong between
     # the two velocity buffers must come out the same as one iteration per launch, for an iteration count
@@ -508,6 +597,9 @@ def test_shipped_scene_headless(sim, name, tmp_path, monkeypatch):
                 "max_penetration", "kinetic_energy", "vla", "overflow_events"):
         assert key in disk, key
     assert disk["frames"] == frames and len(disk["kinetic_energy"]) == frames
+    # no contact as deep as the smaller half-size of its pair (sim.penetration_limit): nothing reported
+    assert disk["health"]["deep_frames"] == 0 and disk["health"]["warnings"] == [], disk["health"]
+    assert 0 <= disk["health"]["max_penetration_fraction"] < 1
     assert disk["steps"] == frames * m["substeps"] and math.isclose(disk["sim_time"], disk["steps"] * m["dt"])
     first = disk["first_frame_wall_time"]
     assert 0 < first <= disk["wall_time"]
