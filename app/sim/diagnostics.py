@@ -103,14 +103,12 @@ def check_body(diagnostics: ti.template(), i, step_index, x, v, w, bounding_radi
 
 
 @ti.func
-def record_penetration(model: ti.template(), diagnostics: ti.template(), i, j, depth):
+def record_penetration(model: ti.template(), diagnostics: ti.template(), i, j, depth, size):
     """Record the deepest penetration depth (m) of pair (i, j) (stored indices; j < 0: static geometry) in
-    diagnostics.max_depth, max_depth_fraction and, past model.penetration_limit, deep_pair."""
+    diagnostics.max_depth, and depth / size (size m: the smaller half-size of the pair) in max_depth_fraction and,
+    past model.penetration_limit, deep_pair."""
     atomic_max_rare(diagnostics.max_depth, depth)
     if depth > 0.0:
-        size = model.body_half_extents[i].min()   # (a sphere's are r, r, r)
-        if j >= 0:
-            size = ti.min(size, model.body_half_extents[j].min())
         fraction = depth / size
         atomic_max_rare(diagnostics.max_depth_fraction, fraction)
         if fraction > model.penetration_limit[None]:

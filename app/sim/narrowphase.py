@@ -69,16 +69,18 @@ def _find_key(lists: ti.template(), lp, other, feature):
 
 
 Manifold = ti.types.struct(count=ti.i32, normal=vec3, point=ti.types.matrix(4, 3, ti.f32),
-                           depth=ti.types.vector(4, ti.f32), feature=ti.types.vector(4, ti.i32))
+                           depth=ti.types.vector(4, ti.f32), feature=ti.types.vector(4, ti.i32), size=ti.f32)
 """Up to 4 contact points sharing one normal. For pairs the normal points from body i towards body j; for
 planes it is the plane normal. Every collide_* function fills one; a single emit loop per kernel appends
-them, so the storage's append is inlined in few places (compile time)."""
+them, so the storage's append is inlined in few places (compile time). size (m): the smaller half-size of the
+pair (sphere radius, a box's smallest half extent), which penetration is measured against (diagnostics);
+_pair_manifold sets it from the sizes it loaded anyway."""
 
 
 @ti.func
 def manifold_empty():
     return Manifold(count=0, normal=vec3(0.0, 1.0, 0.0), point=ti.Matrix.zero(ti.f32, 4, 3),
-                    depth=ti.Vector.zero(ti.f32, 4), feature=ti.Vector.zero(ti.i32, 4))
+                    depth=ti.Vector.zero(ti.f32, 4), feature=ti.Vector.zero(ti.i32, 4), size=1.0)
 
 
 @ti.func
@@ -463,25 +465,38 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
     sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box; see app.sim.broadphase)."""
     pi_ = state.body_pos[i]
     m = manifold_empty()
+    size = 1.0
     if ti.static(cls == 0):
         ri = model.body_radius[i]
+        size = ri
         if j < 0:
             m = collide_sphere_plane(model, pi_, ri, -1 - j, margin)
         else:
-            m = collide_sphere_sphere(pi_, ri, state.body_pos[j], model.body_radius[j], margin)
+            rj = model.body_radius[j]
+            size = ti.min(ri, rj)
+            m = collide_sphere_sphere(pi_, ri, state.body_pos[j], rj, margin)
     elif ti.static(cls == 1):
         if j < 0:
-            m = collide_box_plane(model, pi_, quat_to_mat(state.body_quat[i]), model.body_half_extents[i], -1 - j,
-                                  margin)
+            hi = model.body_half_extents[i]
+            size = hi.min()
+            m = collide_box_plane(model, pi_, quat_to_mat(state.body_quat[i]), hi, -1 - j, margin)
         elif model.body_shape[i] == 0:
-            m = sphere_box_manifold(pi_, model.body_radius[i], state.body_pos[j], quat_to_mat(state.body_quat[j]),
-                                    model.body_half_extents[j], margin, True)
+            ri = model.body_radius[i]
+            hj = model.body_half_extents[j]
+            size = ti.min(ri, hj.min())
+            m = sphere_box_manifold(pi_, ri, state.body_pos[j], quat_to_mat(state.body_quat[j]), hj, margin, True)
         else:
-            m = sphere_box_manifold(state.body_pos[j], model.body_radius[j], pi_, quat_to_mat(state.body_quat[i]),
-                                    model.body_half_extents[i], margin, False)
+            rj = model.body_radius[j]
+            hi = model.body_half_extents[i]
+            size = ti.min(rj, hi.min())
+            m = sphere_box_manifold(state.body_pos[j], rj, pi_, quat_to_mat(state.body_quat[i]), hi, margin, False)
     else:
-        m = collide_box_box(pi_, quat_to_mat(state.body_quat[i]), model.body_half_extents[i], state.body_pos[j],
-                            quat_to_mat(state.body_quat[j]), model.body_half_extents[j], margin)
+        hi = model.body_half_extents[i]
+        hj = model.body_half_extents[j]
+        size = ti.min(hi.min(), hj.min())
+        m = collide_box_box(pi_, quat_to_mat(state.body_quat[i]), hi, state.body_pos[j],
+                            quat_to_mat(state.body_quat[j]), hj, margin)
+    m.size = size
     return m
 
 
@@ -584,7 +599,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                                                ti.select(inv_j > 0.0, jn, 0.0),
                                                ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
             deepest = ti.max(deepest, depth)
-        record_penetration(model, diagnostics, i, j, deepest)
+        record_penetration(model, diagnostics, i, j, deepest, m.size)
 
 
 @ti.func
