@@ -49,6 +49,8 @@ def main(argv=None) -> int:
         argv = argv[1:]
     else:
         module_name, func_name = "app.cli", "main"
+    if "-h" in argv or "--help" in argv:   # the usage alone: no Taichi banner from modules that import Taichi
+        os.environ.setdefault("ENABLE_TAICHI_HEADER_PRINT", "False")
     try:
         import importlib
 

@@ -1,5 +1,5 @@
 """run.py, the one entry: its help lists every subcommand, a word that is neither a subcommand nor a scene is an
-error that says so, and shipped scenes are found from any working directory. No Taichi here."""
+error that says so, and shipped scenes are found from any working directory. No Taichi in this process."""
 from pathlib import Path
 
 import run
@@ -44,3 +44,16 @@ def test_auto_arch_asks_taichi_for_cuda_only_where_a_driver_library_is(tmp_path,
     assert runtime.pick_arch("auto") == "cpu" and runtime.pick_arch("cuda") == "cuda"
     (tmp_path / "libcuda.so.1").write_bytes(b"")
     assert runtime._cuda_driver_present()
+
+
+def test_every_help_starts_with_its_usage(tmp_path):
+    """`--help` of run.py, every subcommand and bench: the usage first (no Taichi banner before it), exit 0."""
+    import subprocess
+    import sys
+
+    for args in ([], ["bounce"], ["replay"], ["batch"], ["report"], ["filter"], ["bench"], ["bench", "vla"],
+                 ["bench", "sim"], ["bench", "filter"], ["bench", "viewer"], ["bench", "batch"]):
+        p = subprocess.run([sys.executable, str(ROOT / "run.py"), *args, "--help"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+        assert p.returncode == 0 and p.stdout.startswith("usage:") and "[Taichi]" not in p.stdout + p.stderr, \
+            (args, p.stdout[:300], p.stderr[-500:])

@@ -73,22 +73,45 @@ def vulkan_icds() -> list:
     return found
 
 
+# Dear ImGui, inside GGUI, saves its panels' layout to imgui.ini in the working directory when a window is destroyed
+# (or at exit), and Taichi offers no setting for it. close_window removes the file unless it was there before the
+# window opened: {id(window): (path, existed)}.
+_IMGUI_INI = {}
+
+
 def open_window(title: str, size, show_window: bool):
-    """A GGUI window (show_window=False: offscreen). Raises UserError naming the package when Vulkan is
-    missing instead of GGUI's traceback."""
+    """A GGUI window (show_window=False: offscreen); close it with close_window. Raises UserError naming the
+    package when Vulkan is missing instead of GGUI's traceback."""
     problem = vulkan_problem()
     if problem:
         raise UserError(problem)
     import taichi as ti
 
+    ini = os.path.abspath("imgui.ini")
+    existed = os.path.exists(ini)
     try:
-        return ti.ui.Window(title, tuple(int(x) for x in size), vsync=show_window, show_window=show_window)
+        window = ti.ui.Window(title, tuple(int(x) for x in size), vsync=show_window, show_window=show_window)
+        _IMGUI_INI[id(window)] = (ini, existed)
+        return window
     except RuntimeError as e:
         if "vulkan" in str(e).lower():
             raise UserError(f"cannot start Vulkan ({e}); {VULKAN_HINT}") from None
         if show_window:
             raise UserError(f"cannot open a window ({e}); check $DISPLAY, or run with --headless") from None
         raise
+
+
+def close_window(window) -> None:
+    """Destroy a window of open_window, leaving no imgui.ini behind that was not there before."""
+    try:
+        window.destroy()
+    finally:
+        ini, existed = _IMGUI_INI.pop(id(window), (None, True))
+        if not existed:
+            try:
+                os.remove(ini)
+            except FileNotFoundError:
+                pass
 
 
 def parse_size(text: str, what="--size"):

@@ -21,7 +21,7 @@ import numpy as np
 
 from app.errors import UserError
 from app.viewer.display import (DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi, fmt_bytes, has_display,
-                                open_window, parse_size, vulkan_problem)
+                                close_window, open_window, parse_size, vulkan_problem)
 
 DROP_HEADROOM = 4096           # bodies the window can add before the simulation's fields must grow
 PREVIEW_SIM_SECONDS = 1.0      # no display: simulated time of the headless preview run (a few s on a laptop)
@@ -266,49 +266,51 @@ class InteractiveViewer:
 
         sim = self.sim
         window = open_window(f"{WINDOW_TITLE} - {sim.scene.name}", self.size, show_window=True)
-        renderer = Renderer(SimSource(sim), color_mode=self.color_mode, show_contacts=self.show_contacts)
-        camera = ti.ui.Camera()
-        lo, hi = renderer.scene_bounds()
-        spec = camera_spec(sim.scene.camera, lo, hi, self.size[0] / self.size[1])
-        apply_camera(camera, spec, renderer.extent)
-        speed = 0.01 * renderer.extent
-        canvas = window.get_canvas()
-        scene = window.get_scene()
-        announced = False
-        while window.running and not self.quit:
-            self._events(window)
-            if self.quit:
-                break
-            camera.track_user_inputs(window, movement_speed=speed, hold_key=ti.ui.RMB)
-            if self.playing or self.step_requested:
-                if self.error is None:
-                    self.advance()
-                self.step_requested = False
-            renderer.set_color_mode(self.color_mode)
-            renderer.show_contacts = self.show_contacts
-            renderer.update()
-            now = time.perf_counter()
-            if now - self._mem_time > 0.5:
-                st = sim.contacts.stats()
-                self._mem = (st.get("live_bytes", 0), st.get("reserved_bytes", 0))
-                self._mem_time = now
-            canvas.set_background_color(BACKGROUND)
-            renderer.draw(scene, camera)
-            canvas.scene(scene)
-            if self.show_panel:
-                self._panel(window)
-            if self.screenshot_requested:
-                self.screenshot(window)
-                self.screenshot_requested = False
-            window.show()
-            dt = now - self._last
-            self._last = now
-            if dt > 0:
-                self.fps = 1.0 / dt if self.fps == 0 else 0.9 * self.fps + 0.1 / dt
-            if not announced:
-                print("viewer ready", flush=True)
-                announced = True
-        window.destroy()
+        try:
+            renderer = Renderer(SimSource(sim), color_mode=self.color_mode, show_contacts=self.show_contacts)
+            camera = ti.ui.Camera()
+            lo, hi = renderer.scene_bounds()
+            spec = camera_spec(sim.scene.camera, lo, hi, self.size[0] / self.size[1])
+            apply_camera(camera, spec, renderer.extent)
+            speed = 0.01 * renderer.extent
+            canvas = window.get_canvas()
+            scene = window.get_scene()
+            announced = False
+            while window.running and not self.quit:
+                self._events(window)
+                if self.quit:
+                    break
+                camera.track_user_inputs(window, movement_speed=speed, hold_key=ti.ui.RMB)
+                if self.playing or self.step_requested:
+                    if self.error is None:
+                        self.advance()
+                    self.step_requested = False
+                renderer.set_color_mode(self.color_mode)
+                renderer.show_contacts = self.show_contacts
+                renderer.update()
+                now = time.perf_counter()
+                if now - self._mem_time > 0.5:
+                    st = sim.contacts.stats()
+                    self._mem = (st.get("live_bytes", 0), st.get("reserved_bytes", 0))
+                    self._mem_time = now
+                canvas.set_background_color(BACKGROUND)
+                renderer.draw(scene, camera)
+                canvas.scene(scene)
+                if self.show_panel:
+                    self._panel(window)
+                if self.screenshot_requested:
+                    self.screenshot(window)
+                    self.screenshot_requested = False
+                window.show()
+                dt = now - self._last
+                self._last = now
+                if dt > 0:
+                    self.fps = 1.0 / dt if self.fps == 0 else 0.9 * self.fps + 0.1 / dt
+                if not announced:
+                    print("viewer ready", flush=True)
+                    announced = True
+        finally:
+            close_window(window)
         return 0
 
 

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from app.errors import UserError
-from app.viewer.display import OFFSCREEN_SIZE, WINDOW_TITLE, open_window, save_png, vulkan_problem
+from app.viewer.display import OFFSCREEN_SIZE, WINDOW_TITLE, close_window, open_window, save_png, vulkan_problem
 
 
 class OffscreenView:
@@ -41,7 +41,7 @@ class OffscreenView:
         return image_rgb8(self.window)
 
     def close(self):
-        self.window.destroy()
+        close_window(self.window)
 
 
 class VideoWriter:

@@ -16,7 +16,7 @@ import numpy as np
 from app.errors import UserError
 from app.files import read_json_object
 from app.viewer.display import (DEFAULT_SIZE, OFFSCREEN_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi,
-                                has_display, open_window, parse_size, save_png, vulkan_problem)
+                                close_window, has_display, open_window, parse_size, save_png, vulkan_problem)
 from app.viewer.offscreen import OffscreenView, VideoWriter
 
 
@@ -252,62 +252,64 @@ class ReplayViewer:
         times = self.traj["time"]
         last = len(times) - 1
         window = open_window(f"{WINDOW_TITLE} - replay", self.size, show_window=True)
-        renderer = Renderer(self.source)
-        camera = ti.ui.Camera()
-        lo, hi = renderer.scene_bounds()
-        apply_camera(camera, camera_spec(self.scene_camera, lo, hi, self.size[0] / self.size[1]), renderer.extent)
-        canvas, scene, gui = window.get_canvas(), window.get_scene(), window.get_gui()
-        prev = time.perf_counter()
-        shots = 0
-        while window.running:
-            now = time.perf_counter()
-            wall_dt, prev = now - prev, now
-            shot = False
-            for e in window.get_events(ti.ui.PRESS):
-                if e.key == ti.ui.ESCAPE:
-                    window.running = False
-                elif e.key == " ":
-                    self.playing = not self.playing
-                elif e.key in (ti.ui.RIGHT, ti.ui.LEFT):
-                    self.playing = False
-                    self._show(self.frame + (1 if e.key == ti.ui.RIGHT else -1))
-                    self.t = float(times[self.frame])
-                elif e.key == "p":
-                    shot = True
-            if not window.running:
-                break
-            if self.playing:
-                self.t += wall_dt * self.speed
-                if self.t > times[-1]:
-                    if self.loop:
-                        self.t = float(times[0])
-                    else:
-                        self.t, self.playing = float(times[-1]), False
-                self._show(int(np.searchsorted(times, self.t)))
-            camera.track_user_inputs(window, movement_speed=0.01 * renderer.extent, hold_key=ti.ui.RMB)
-            renderer.update()
-            canvas.set_background_color(BACKGROUND)
-            renderer.draw(scene, camera)
-            canvas.scene(scene)
-            with gui.sub_window("replay", 0.01, 0.01, min(0.5, 360.0 / self.size[0]),
-                                min(0.9, 200.0 / self.size[1])) as g:
-                if g.button("pause (space)" if self.playing else "play (space)"):
-                    self.playing = not self.playing
-                g.text(f"t = {times[self.frame]:.3f} s   frame {self.frame} / {last}")
-                f = g.slider_int("frame", self.frame, 0, last)
-                if f != self.frame:
-                    self.playing = False
-                    self._show(f)
-                    self.t = float(times[f])
-                self.speed = g.slider_float("speed", self.speed, 0.05, 4.0)
-                self.loop = g.checkbox("loop", self.loop)
-                shot = g.button("screenshot (p)") or shot
-            if shot:
-                os.makedirs(SCREENSHOT_DIR, exist_ok=True)
-                path = os.path.join(SCREENSHOT_DIR, f"replay_{shots:03d}.png")
-                window.save_image(path)
-                shots += 1
-                print(f"screenshot: {path}", flush=True)
-            window.show()
-        window.destroy()
+        try:
+            renderer = Renderer(self.source)
+            camera = ti.ui.Camera()
+            lo, hi = renderer.scene_bounds()
+            apply_camera(camera, camera_spec(self.scene_camera, lo, hi, self.size[0] / self.size[1]), renderer.extent)
+            canvas, scene, gui = window.get_canvas(), window.get_scene(), window.get_gui()
+            prev = time.perf_counter()
+            shots = 0
+            while window.running:
+                now = time.perf_counter()
+                wall_dt, prev = now - prev, now
+                shot = False
+                for e in window.get_events(ti.ui.PRESS):
+                    if e.key == ti.ui.ESCAPE:
+                        window.running = False
+                    elif e.key == " ":
+                        self.playing = not self.playing
+                    elif e.key in (ti.ui.RIGHT, ti.ui.LEFT):
+                        self.playing = False
+                        self._show(self.frame + (1 if e.key == ti.ui.RIGHT else -1))
+                        self.t = float(times[self.frame])
+                    elif e.key == "p":
+                        shot = True
+                if not window.running:
+                    break
+                if self.playing:
+                    self.t += wall_dt * self.speed
+                    if self.t > times[-1]:
+                        if self.loop:
+                            self.t = float(times[0])
+                        else:
+                            self.t, self.playing = float(times[-1]), False
+                    self._show(int(np.searchsorted(times, self.t)))
+                camera.track_user_inputs(window, movement_speed=0.01 * renderer.extent, hold_key=ti.ui.RMB)
+                renderer.update()
+                canvas.set_background_color(BACKGROUND)
+                renderer.draw(scene, camera)
+                canvas.scene(scene)
+                with gui.sub_window("replay", 0.01, 0.01, min(0.5, 360.0 / self.size[0]),
+                                    min(0.9, 200.0 / self.size[1])) as g:
+                    if g.button("pause (space)" if self.playing else "play (space)"):
+                        self.playing = not self.playing
+                    g.text(f"t = {times[self.frame]:.3f} s   frame {self.frame} / {last}")
+                    f = g.slider_int("frame", self.frame, 0, last)
+                    if f != self.frame:
+                        self.playing = False
+                        self._show(f)
+                        self.t = float(times[f])
+                    self.speed = g.slider_float("speed", self.speed, 0.05, 4.0)
+                    self.loop = g.checkbox("loop", self.loop)
+                    shot = g.button("screenshot (p)") or shot
+                if shot:
+                    os.makedirs(SCREENSHOT_DIR, exist_ok=True)
+                    path = os.path.join(SCREENSHOT_DIR, f"replay_{shots:03d}.png")
+                    window.save_image(path)
+                    shots += 1
+                    print(f"screenshot: {path}", flush=True)
+                window.show()
+        finally:
+            close_window(window)
         return 0

@@ -61,11 +61,13 @@ def test_keys_drive_the_viewer(xvfb, tmp_path):
     from app.scene import load_scene
 
     scene = load_scene(TINY)
-    env = dict(os.environ, DISPLAY=xvfb)
+    env = dict(os.environ, DISPLAY=xvfb, PYTHONPATH=ROOT)
     shots = tmp_path / "shots"
+    work = tmp_path / "work"   # the working directory: the viewer leaves nothing there (GGUI's imgui.ini included)
+    work.mkdir()
     log = open(tmp_path / "viewer.log", "w+")
     viewer = subprocess.Popen([sys.executable, "-m", "app.viewer", TINY, "--arch", "cpu", "--size", f"{W}x{H}",
-                               "--screenshot-dir", str(shots), "--headroom", "3"], cwd=ROOT, env=env, stdout=log,
+                               "--screenshot-dir", str(shots), "--headroom", "3"], cwd=work, env=env, stdout=log,
                               stderr=subprocess.STDOUT)
 
     def xdo(*args):
@@ -137,6 +139,7 @@ def test_keys_drive_the_viewer(xvfb, tmp_path):
         key("Escape")
         _wait(lambda: viewer.poll() is not None, ACTION_TIMEOUT_S, "the viewer to exit on Esc")
         assert viewer.returncode == 0, (tmp_path / "viewer.log").read_text()[-3000:]
+        assert list(work.iterdir()) == []
     finally:
         if viewer.poll() is None:
             viewer.kill()
