@@ -39,8 +39,13 @@ HINT_EVERY = 64
 
 def check_dtype(dtype):
     if is_primitive(dtype) or isinstance(dtype, (MatrixType, StructType)):
-        if isinstance(dtype, StructType) and not dtype.members:
-            raise TypeError("VLA dtype: a ti.types.struct needs at least one member")
+        if isinstance(dtype, StructType):
+            if not dtype.members:
+                raise TypeError("VLA dtype: a ti.types.struct needs at least one member")
+            for _, leaf in leaves(dtype):
+                check_dtype(leaf)
+        elif isinstance(dtype, MatrixType) and (dtype.n < 1 or (dtype.ndim == 2 and dtype.m < 1)):
+            raise TypeError("VLA dtype: a ti.types.vector/matrix needs at least one component")
         return
     raise TypeError(f"VLA dtype must be a Taichi scalar type (ti.i32, ti.f32, ...), ti.types.vector/matrix or "
                     f"ti.types.struct; got {dtype!r}")

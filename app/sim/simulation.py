@@ -109,6 +109,9 @@ class Simulation:
         generation_id: incremented whenever fields are reallocated (capacity growth in add_bodies).
         last_frame: the latest read_frame() (step_frame makes one a frame): health flags, contact points,
             max_depth (m), dropped contacts, kinetic energy (J); None before the first.
+        overlap (app.sim.diagnostics.OverlapWatch), health_warnings: deep penetration over the run (health()).
+        strict: False (default) reports a contact deeper than sim.penetration_limit as a warning; True raises
+            SimulationError at the first.
         vla_regrowths: steps redone because a VLA had to grow on the host (see advance: the steps launched after
             the failed one, at most CHECK_STEPS - 1, ran again too); a cost, never a loss.
         scene_of, internal_of: int64 (N,): bodies are stored by shape, then in Z-order of their initial
@@ -506,7 +509,8 @@ class Simulation:
         return float(kernel_kinetic_energy(self.model, self.state))
 
     def metrics(self) -> dict:
-        """Snapshot: contact counts, penetration, energy, storage statistics, overflow."""
+        """Snapshot: contact counts, penetration (the last frame's deepest, m), energy, storage statistics,
+        overflow."""
         counts = self.contact_counts()
         return {
             "step": self.step_count,

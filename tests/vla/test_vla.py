@@ -995,6 +995,10 @@ def test_bad_arguments():
         VLA(4, ti.i32, inline_capacity=-1)
     with pytest.raises(TypeError, match="at least one member"):
         VLA(4, ti.types.struct())
+    with pytest.raises(TypeError, match="at least one component"):
+        VLA(4, ti.types.vector(0, ti.f32))
+    with pytest.raises(TypeError, match="at least one component"):
+        VLA(4, ti.types.struct(a=ti.i32, b=ti.types.vector(0, ti.f32)))
     with pytest.raises(TypeError, match="unexpected keyword argument 'layout'"):
         VLA(4, ti.i32, layout="soa")
     with pytest.raises(TypeError, match="dtype"):
