@@ -273,3 +273,32 @@ def test_a_full_disk_is_one_line_naming_the_file_and_no_result_looks_complete(tm
         f"error: {disk}/out/trajectory.npz: cannot write (No space left on device)"
     # no metrics.json (written last): the directory holds no finished run; no temporary file is left
     assert (tmp_path / "left.txt").read_text().split() == ["state.npz"]
+
+
+FIRST_COMMAND = '''"""`python run.py` as on a machine without a Vulkan loader: ctypes finds none, and no directory holds one."""
+import ctypes.util
+import sys
+
+sys.path.insert(0, sys.argv[1])
+_find = ctypes.util.find_library
+ctypes.util.find_library = lambda name: None if "vulkan" in name else _find(name)
+from app.viewer import display  # noqa: E402
+
+display.LOADER_DIRS = ()
+import run  # noqa: E402
+
+sys.exit(run.main([]))
+'''
+
+
+def test_the_readmes_first_command_without_vulkan_or_display_finishes_within_a_minute(tmp_path):
+    (tmp_path / "first.py").write_text(FIRST_COMMAND)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["LD_LIBRARY_PATH"] = ""
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "first.py", str(ROOT)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert time.monotonic() - t0 < 60
+    assert p.returncode == 0, p.stderr
+    assert "no preview image: no Vulkan loader (libvulkan.so.1) found" in p.stderr and "mesa-vulkan-drivers" in p.stderr
+    assert json.loads((tmp_path / "out" / "default" / "metrics.json").read_text())["status"] == "complete"
