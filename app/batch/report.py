@@ -60,7 +60,7 @@ def load_batch(out: Path) -> tuple[dict, list[dict]]:
                             f"{str(run_id)[:80]!r}")
         for key in NUMERIC_FIELDS:
             v = row.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 row[key] = None
         try:
             row["metrics"] = read_json_object(out / run_id / "metrics.json")

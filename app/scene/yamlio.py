@@ -36,14 +36,15 @@ class _StrictLoader(yaml.SafeLoader):
                 raise yaml.composer.ComposerError(
                     None, None, f"more than {limit('aliases')} aliases (*name) in one document", event.start_mark)
         # PyYAML composes nested lists and mappings recursively: deep nesting would end in a RecursionError.
-        self._depth += 1
+        nests = int(self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        self._depth += nests
         try:
             if self._depth > NESTING_LIMIT:
                 raise yaml.composer.ComposerError(
                     None, None, f"lists or mappings nested more than {NESTING_LIMIT} deep", self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
-            self._depth -= 1
+            self._depth -= nests
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):

@@ -9,6 +9,7 @@ frame's penetration record. OverlapWatch follows deep penetration from frame to 
 import taichi as ti
 
 from app.sim.math3d import quat_mul
+from vla import Batch
 
 # Sentinel for "no bad body seen" in error_body / error_step (atomic_min keeps the first).
 NO_ERROR = 2 ** 31 - 1
@@ -153,7 +154,8 @@ def kernel_frame_readout(model: ti.template(), state: ti.template(), diagnostics
     trip for all of it: the health fields, contacts.failed_step (Simulation.advance), contact points of the last
     step, the deepest penetration (m), the appends the padded / dynamic storage dropped (0 for a VLA), the
     total kinetic energy (J), the largest penetration fraction and the pair deeper than the limit (bodies i and j,
-    NO_ERROR when none). i32 values are exact in f64. The penetration record starts again for the next frame."""
+    NO_ERROR when none). i32 values are exact in f64. The penetration record starts again for the next frame, unless a
+    step failed (it and the steps after it are redone and read again)."""
     out = ti.static(diagnostics.readout)
     out[0] = diagnostics.error_step[None]
     out[1] = diagnostics.error_body[None]
@@ -171,9 +173,12 @@ def kernel_frame_readout(model: ti.template(), state: ti.template(), diagnostics
     if pair != ti.i64(NO_PAIR):
         out[9] = ti.cast(pair // ti.i64(PAIR_STRIDE), ti.f64)
         out[10] = ti.cast(pair % ti.i64(PAIR_STRIDE) - 1, ti.f64)
-    diagnostics.max_depth[None] = 0.0
-    diagnostics.max_depth_fraction[None] = 0.0
-    diagnostics.deep_pair[None] = ti.i64(NO_PAIR)
+    if contacts.failed_step[None] == ti.static(Batch.NO_FAILURE):
+        # the frame's steps are final: the next frame's record starts here. (After a failed step the host redoes the
+        # steps from it and reads again: the record of the steps before it must stay.)
+        diagnostics.max_depth[None] = 0.0
+        diagnostics.max_depth_fraction[None] = 0.0
+        diagnostics.deep_pair[None] = ti.i64(NO_PAIR)
     total = ti.f64(0.0)
     for i in range(model.body_count[None]):
         total += body_kinetic_energy(model, state, i)
@@ -189,7 +194,8 @@ class OverlapWatch:
     a body pushed through another).
 
     max_fraction: the largest penetration fraction seen. deep_frames: frames that were deep. longest_deep_s: the
-    longest run of deep frames (s). first_deep: {"time": s, "bodies": [stored i, stored j or -1]} or None.
+    longest run of deep frames (s). first_deep: {"time": s, "bodies": [i, j or -1]} or None, the bodies as the
+    frame's "deep_body" and "deep_other" named them (Simulation passes scene indices).
     """
 
     PERSIST_S = 0.5

@@ -406,8 +406,9 @@ class Simulation:
         return frame
 
     def check(self, frame=None):
-        """Raise SimulationError on NaN/explosion; record and report contact overflow. frame: a read_frame()
-        of the current state, or None to read one."""
+        """Raise SimulationError on NaN/explosion; record and report contact overflow and deep penetration. frame: a
+        read_frame() of the current state, or None to read one. step_frame calls it once a frame: the penetration
+        record covers the steps since the last readout, taken as one frame of substeps steps."""
         if frame is None:
             frame = self.read_frame()
         if frame["error_step"] != NO_ERROR:
@@ -419,12 +420,17 @@ class Simulation:
                 f"{self.scene.path}: simulation exploded: body {body} (scene order) got {kind} at step {step} "
                 f"(t = {step * self.dt:.4f} s); try a smaller sim.dt, more sim.solver_iterations, or bodies that do "
                 f"not start overlapping")
+        seen = frame
+        if frame["deep_body"] != NO_ERROR:   # the pair in scene order, before a resort renumbers the stored indices
+            j = frame["deep_other"]
+            seen = dict(frame, deep_body=int(self.scene_of[frame["deep_body"]]),
+                        deep_other=int(self.scene_of[j]) if j >= 0 else j)
         frame_time = self.substeps * self.dt
-        for event in self.overlap.observe(frame, self.sim_time - frame_time, self.sim_time):
-            message = self._overlap_message(event, frame)
+        for event in self.overlap.observe(seen, self.sim_time - frame_time, self.sim_time):
+            message = self._overlap_message(event, seen)
+            self.health_warnings.append(message)
             if self.strict:
                 raise SimulationError(f"{message} (--strict stops the run)")
-            self.health_warnings.append(message)
             if self.verbose:
                 print(f"warning: {message}", file=sys.stderr)
         total = frame["dropped"]
@@ -439,10 +445,8 @@ class Simulation:
                       f"sim.padded_capacity or use contacts: vla)", file=sys.stderr)
 
     def _overlap_message(self, event: str, frame: dict) -> str:
-        i = int(self.scene_of[frame["deep_body"]])
-        j = frame["deep_other"]
-        who = f"bodies {min(i, int(self.scene_of[j]))} and {max(i, int(self.scene_of[j]))}" if j >= 0 else \
-            f"body {i} and the static geometry"
+        i, j = frame["deep_body"], frame["deep_other"]   # (in scene order: see check)
+        who = f"bodies {min(i, j)} and {max(i, j)}" if j >= 0 else f"body {i} and the static geometry"
         limit = float(self.model.penetration_limit[None])
         if event == "deep":
             return (f"{self.scene.path}: {who} (scene order) overlap deeper than sim.penetration_limit = {limit:g} "
@@ -461,8 +465,7 @@ class Simulation:
         first = None
         if w.first_deep is not None:
             i, j = w.first_deep["bodies"]
-            first = {"time": w.first_deep["time"],
-                     "bodies": [int(self.scene_of[i]), int(self.scene_of[j]) if j >= 0 else None]}
+            first = {"time": w.first_deep["time"], "bodies": [i, j if j >= 0 else None]}
         return {"penetration_limit": float(self.model.penetration_limit[None]),
                 "max_penetration_fraction": w.max_fraction, "deep_frames": w.deep_frames,
                 "longest_deep_s": w.longest_deep_s, "first_deep": first, "warnings": list(self.health_warnings)}

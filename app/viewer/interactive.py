@@ -69,7 +69,8 @@ def _headless_preview(args) -> int:
     out = getattr(args, "out", None) or default_out_dir(args.scene)
     print(f"no display found ($DISPLAY is not set): running headless instead: {args.scene}, {frames} frames "
           f"({frames * frame_s:.2f} s simulated), then a preview image in {out}/", file=sys.stderr)
-    m = run_headless(args.scene, frames, out, arch=getattr(args, "arch", "auto"), overrides=overrides, progress=True)
+    m = run_headless(args.scene, frames, out, arch=getattr(args, "arch", "auto"), overrides=overrides, progress=True,
+                     strict=bool(getattr(args, "strict", False)))
     print(f"{m['scene']}: {m['bodies']} bodies, {m['frames']} frames in {m['wall_time']:.2f} s "
           f"({m['steps_per_second']:.1f} steps/s, {m['arch']}); contacts final {m['contacts']['final']}")
     problem = vulkan_problem()

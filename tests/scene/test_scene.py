@@ -306,5 +306,8 @@ def test_deep_nesting_is_one_line_not_a_recursion_error(tmp_path):
     t0 = time.monotonic()
     msg = _err(tmp_path, "name: t\nmaterials: {m: {}}\nbodies: []\ncamera: {position: " + "[" * 2000 + "]" * 2000 + "}\n")
     assert "nested more than 64 deep" in msg and "line 4" in msg and time.monotonic() - t0 < 2.0
-    deep = "name: t\nmaterials: {m: {}}\nbodies: []\nx: " + "[" * 60 + "]" * 60 + "\n"   # within the limit: read
+    # 64 levels (the document's mapping and 63 lists) holding a value: within the limit, read
+    deep = "name: t\nmaterials: {m: {}}\nbodies: []\nx: " + "[" * 63 + "1" + "]" * 63 + "\n"
     assert "x: expected a known key" in _err(tmp_path, deep)
+    deeper = "name: t\nmaterials: {m: {}}\nbodies: []\nx: " + "[" * 64 + "1" + "]" * 64 + "\n"
+    assert "nested more than 64 deep" in _err(tmp_path, deeper)

@@ -14,6 +14,7 @@ import pytest
 ti = pytest.importorskip("taichi")
 
 from app.sim.contacts import SECOND_COPY  # noqa: E402
+from app.sim.contacts import NO_FAILURE  # noqa: E402
 from app.sim.diagnostics import NO_ERROR, NO_PAIR, PAIR_STRIDE  # noqa: E402
 from app.errors import UserError  # noqa: E402
 from app.runtime import taichi_options  # noqa: E402
@@ -348,6 +349,15 @@ def test_deep_penetration_is_named_in_health_and_strict_stops(sim, capsys):
     assert err.count("warning:") == 1 and "bodies 0 and 1 (scene order) overlap deeper than sim.penetration_limit" \
         in err and h["warnings"] == [err.strip()[len("warning: "):]]
     assert sim.last_frame["max_depth"] == pytest.approx(1.1, rel=1e-5)
+    # a readout after a failed step (to be redone from there, and read again) keeps the record of the steps before
+    sim.load(_inside_scene())
+    sim.step()
+    sim.contacts.failed_step[None] = 5
+    assert sim.read_frame()["max_depth"] == pytest.approx(1.1, rel=1e-5)
+    sim.contacts.failed_step[None] = NO_FAILURE
+    assert sim.read_frame()["max_depth"] == pytest.approx(1.1, rel=1e-5)   # (the frame is final: the record restarts)
+    assert sim.read_frame()["max_depth"] == 0.0 and sim.read_frame()["max_depth_fraction"] == 0.0
+    capsys.readouterr()
     # under the limit nothing is reported; the fraction is still measured
     sim.load(_inside_scene(limit=20.0))
     sim.step_frame()
@@ -388,6 +398,13 @@ def test_deep_pair_is_renumbered_by_a_resort(sim):
         assert not np.array_equal(sim.internal_of[[0, 1]], before)
         frame = sim.read_frame()
         assert sorted([int(sim.scene_of[frame["deep_body"]]), int(sim.scene_of[frame["deep_other"]])]) == [0, 1]
+        # the run's record names them in scene order, and keeps naming them after later resorts
+        sim.check(frame)
+        assert sim.health()["first_deep"]["bodies"] == [0, 1] and "bodies 0 and 1" in sim.health()["warnings"][0]
+        for _ in range(3):
+            sim.step()
+        sim.resort()
+        assert sim.health()["first_deep"]["bodies"] == [0, 1]
     finally:
         sim.resort_interval = sim.RESORT_INTERVAL
 
