@@ -29,6 +29,40 @@ def write_text_atomic(path, text: str) -> None:
     write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
+def temporary_name(path) -> Path:
+    """A name beside `path` for writing it first, hidden, with the same suffix (writers that choose the format by
+    the name's suffix: GGUI's save_image, imageio's video and image writers)."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
+def write_named_atomic(path, save) -> None:
+    """Call save(temporary path) to write `path`'s content under temporary_name(path), then put it in place at once
+    (for libraries that open the file themselves)."""
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        save(str(tmp))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
 def read_json_object(path, max_bytes: int = 64 * 2**20) -> dict:
     """The JSON object in the regular file `path` (results this program wrote, which a user or a crash may have
     changed). Raises OSError, or ValueError saying what is wrong: not a regular file, larger than max_bytes, not

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.files import write_text_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -89,8 +91,8 @@ def main(argv=None) -> int:
         print(f"| {r['workers']} | {r['ok']}/{r['runs']} | {r['wall_s']} | {r['runs_per_hour']} | "
               f"{r['mean_run_wall_s']} | {r['mean_steps_per_second']} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"title": head, "command": ["bench", "batch", *(argv or sys.argv[1:])],
-                                               "results": results}, indent=2))
+        write_text_atomic(args.json, json.dumps({"title": head, "command": ["bench", "batch", *(argv or sys.argv[1:])],
+                                                 "results": results}, indent=2))
     return 0 if all(r["ok"] == r["runs"] for r in results) else 1
 
 

@@ -8,6 +8,8 @@ import time
 
 import taichi as ti
 
+from app.files import write_text_atomic
+
 
 def init_taichi(arch: str, kernel_profiler: bool = False, device_memory_GB=None):
     """ti.init for 'cpu' | 'cuda' | 'auto'; returns the arch name taken. kernel_profiler: also time every
@@ -99,8 +101,6 @@ def markdown_table(rows, columns):
 def write_results(out_dir, name, payload, table_md):
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-            json.dump(payload, f, indent=2)
-        with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
-            f.write(table_md + "\n")
+        write_text_atomic(os.path.join(out_dir, f"{name}.json"), json.dumps(payload, indent=2))
+        write_text_atomic(os.path.join(out_dir, f"{name}.md"), table_md + "\n")
     print(table_md)

@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from app.files import write_text_atomic
+
 #: max |difference| allowed between any method and baseline (a): all run the same float32 sum, so
 #: the outputs differ only by rounding (fused multiply-adds, scipy's float64 accumulation)
 CHECK_TOLERANCE = 1e-5
@@ -300,10 +302,8 @@ def main(argv=None) -> int:
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "filter_bench.json"), "w") as f:
-            json.dump(report, f, indent=2, default=str)
-        with open(os.path.join(args.out, "filter_bench.md"), "w") as f:
-            f.write(md)
+        write_text_atomic(os.path.join(args.out, "filter_bench.json"), json.dumps(report, indent=2, default=str))
+        write_text_atomic(os.path.join(args.out, "filter_bench.md"), md)
     if not all(r["matches"] for r in report["results"]):
         print(f"error: a method's output differs from baseline (a) by more than {CHECK_TOLERANCE}", file=sys.stderr)
         return 1

@@ -32,6 +32,8 @@ import os
 import sys
 import time
 
+from app.files import write_text_atomic
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORAGES = ("vla", "padded", "dynamic")
 
@@ -254,12 +256,10 @@ def _write_results(out_dir, arch, small, steps, repeats, rows) -> str:
     arch = next((r["arch"] for r in rows if "arch" in r), arch)
     summary = summarize(rows)
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "sim_bench.json"), "w") as fh:
-        json.dump({"arch": arch, "small": small, "steps": steps, "repeats": repeats, "runs": rows,
-                   "summary": summary}, fh, indent=1)
+    write_text_atomic(os.path.join(out_dir, "sim_bench.json"), json.dumps(
+        {"arch": arch, "small": small, "steps": steps, "repeats": repeats, "runs": rows, "summary": summary}, indent=1))
     md = f"# Simulator benchmark ({arch}{', --small' if small else ''})\n\n" + _table(summary)
-    with open(os.path.join(out_dir, "sim_bench.md"), "w") as fh:
-        fh.write(md)
+    write_text_atomic(os.path.join(out_dir, "sim_bench.md"), md)
     return md
 
 

@@ -174,8 +174,8 @@ class BatchDir:
             "command": result.get("command", []),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        (tmp / "log.txt").write_text(result.get("log", ""))
-        (tmp / "run.json").write_text(json.dumps(info, indent=2))
+        write_text_atomic(tmp / "log.txt", result.get("log", ""))
+        write_text_atomic(tmp / "run.json", json.dumps(info, indent=2))
         final = self.run_dir(spec.run_id)
         if final.exists():
             trash = Path(tempfile.mkdtemp(prefix=f"{spec.run_id}.old.", dir=self.tmp_root))

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from app.errors import UserError
+from app.files import write_named_atomic
 
 #: arch names accepted by --arch (Taichi's own names for them are looked up at init)
 ARCHS = ("cpu", "cuda")
@@ -117,13 +118,18 @@ def write_image(path: str, image: np.ndarray, dtype: np.dtype) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UserError(f"--out {path!r}: directory {parent!r} does not exist")
-    try:
+    def save(tmp):
         if path.lower().endswith(".npy"):
-            np.save(path, data)
+            np.save(tmp, data)
             return
         import imageio.v3 as iio
 
-        iio.imwrite(path, data)
+        iio.imwrite(tmp, data)
+
+    try:
+        write_named_atomic(path, save)
+    except UserError:
+        raise
     except Exception as e:
         hint = " (float images need .tiff or .npy, or pass --out-dtype uint8)" if data.dtype.kind == "f" else ""
         raise UserError(f"--out {path!r}: cannot write a {data.dtype} image with {image.shape[2]} channel(s){hint}: {type(e).__name__}: {e}") from None

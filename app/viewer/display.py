@@ -142,9 +142,11 @@ def ensure_taichi(arch, scene_arch="auto", scene=None, capacity=0):
 def save_png(path, rgb):
     from PIL import Image
 
+    from app.files import write_atomic
+
     d = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(d, exist_ok=True)
-        Image.fromarray(rgb).save(path, optimize=True)
     except OSError as e:
-        raise UserError(f"{path}: cannot write the image ({e.strerror or e})") from None
+        raise UserError(f"{path}: cannot make its directory ({e.strerror or e})") from None
+    write_atomic(path, lambda fh: Image.fromarray(rgb).save(fh, format="PNG", optimize=True))

@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from app.errors import UserError
+from app.files import write_named_atomic, write_text_atomic
 from app.viewer.display import (DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi, fmt_bytes, has_display,
                                 close_window, open_window, parse_size, vulkan_problem)
 
@@ -178,14 +179,13 @@ class InteractiveViewer:
         n = len(glob.glob(os.path.join(self.screenshot_dir, "screenshot_*.png")))
         path = os.path.join(self.screenshot_dir, f"screenshot_{n:03d}.png")
         os.makedirs(self.screenshot_dir, exist_ok=True)
-        window.save_image(path)
+        write_named_atomic(path, window.save_image)
         meta = {"image": path, "step": self.sim.step_count, "frame": self.frames, "sim_time": self.sim.sim_time,
                 "paused": not self.playing, "bodies": self.sim.body_count, "color_mode": self.color_mode,
                 "show_contacts": self.show_contacts, "scene": self.sim.scene.path}
         if self.sim.body_count <= 1000:
             meta["positions"] = self.sim.positions().tolist()
-        with open(path[:-4] + ".json", "w") as fh:
-            json.dump(meta, fh)
+        write_text_atomic(path[:-4] + ".json", json.dumps(meta))
         self.screenshots.append(path)
         print(f"screenshot: {path}", flush=True)
         return path

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from app.errors import UserError
+from app.files import temporary_name
 from app.viewer.display import OFFSCREEN_SIZE, WINDOW_TITLE, close_window, open_window, save_png, vulkan_problem
 
 
@@ -60,15 +61,28 @@ class VideoWriter:
             raise UserError(f"--video {path}: cannot create {d} ({e.strerror})") from None
         self.path = path
         self.frames = 0
-        self._writer = imageio.get_writer(path, fps=float(fps), codec="libx264", quality=7, macro_block_size=16,
-                                          ffmpeg_log_level="error", pixelformat="yuv420p")
+        # written under a hidden name and renamed when closed: the file at `path` is always a whole video
+        self._tmp = temporary_name(path)
+        self._writer = imageio.get_writer(str(self._tmp), fps=float(fps), codec="libx264", quality=7,
+                                          macro_block_size=16, ffmpeg_log_level="error", pixelformat="yuv420p")
 
     def append(self, rgb):
         self._writer.append_data(rgb)
         self.frames += 1
 
     def close(self):
-        self._writer.close()
+        """Finish the video and put it in place (a video of the frames so far, when a run stopped early)."""
+        if self._writer is None:
+            return
+        try:
+            self._writer.close()
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            raise UserError(f"--video {self.path}: cannot write ({e.strerror or e})") from None
+        finally:
+            self._writer = None
+            if os.path.exists(self._tmp):
+                os.remove(self._tmp)
 
 
 class FrameRecorder:

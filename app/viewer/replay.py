@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from app.errors import UserError
-from app.files import read_json_object
+from app.files import read_json_object, write_named_atomic
 from app.viewer.display import (DEFAULT_SIZE, OFFSCREEN_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi,
                                 close_window, has_display, open_window, parse_size, save_png, vulkan_problem)
 from app.viewer.offscreen import OffscreenView, VideoWriter
@@ -306,7 +306,7 @@ class ReplayViewer:
                 if shot:
                     os.makedirs(SCREENSHOT_DIR, exist_ok=True)
                     path = os.path.join(SCREENSHOT_DIR, f"replay_{shots:03d}.png")
-                    window.save_image(path)
+                    write_named_atomic(path, window.save_image)
                     shots += 1
                     print(f"screenshot: {path}", flush=True)
                 window.show()

@@ -328,6 +328,9 @@ def test_cli_headless_render_and_video(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(os.listdir(tmp_path / "f")) == ["frame_00000.png", "frame_00001.png"]
     assert (tmp_path / "v.mp4").stat().st_size > 1000
+    # every file written aside and renamed: nothing else is left
+    assert sorted(os.listdir(tmp_path)) == ["f", "o", "v.mp4"]
+    assert sorted(os.listdir(tmp_path / "o")) == ["metrics.json", "state.npz"]
     bad = _run([TINY, "--headless", "--frames", "1", "--render", str(tmp_path / "g"), "--render-every", "0"], {})
     assert bad.returncode == 2 and "--render-every" in bad.stderr and "Traceback" not in bad.stderr
 
