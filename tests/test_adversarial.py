@@ -303,3 +303,17 @@ def test_the_readmes_first_command_without_vulkan_or_display_finishes_within_a_m
     assert p.returncode == 0, p.stderr
     assert "no preview image: no Vulkan loader (libvulkan.so.1) found" in p.stderr and "mesa-vulkan-drivers" in p.stderr
     assert json.loads((tmp_path / "out" / "default" / "metrics.json").read_text())["status"] == "complete"
+
+
+def test_hostile_filter_inputs(tmp_path):
+    os.mkfifo(tmp_path / "pipe.png")
+    (tmp_path / "text.png").write_text("not an image\n" * 3)
+    (tmp_path / "ok.npy").write_bytes(b"")
+    np.save(tmp_path / "ok.npy", np.zeros((8, 8), np.float32))
+    cases = [("pipe.png", ["--radius", "2"], "not a regular file"), ("/dev/zero", ["--radius", "2"], "not a regular file"),
+             ("text.png", ["--radius", "2"], "cannot read it as an image"),
+             ("ok.npy", ["--radius-map", "pipe.png"], "radius map 'pipe.png': not a regular file")]
+    for image, extra, says in cases:
+        code, err, seconds = cli(["filter", image, *extra, "--out", "out.png"], tmp_path)
+        assert code == 2 and says in one_line(err) and seconds < 20, err
+        assert not (tmp_path / "out.png").exists()

@@ -48,18 +48,26 @@ def init_taichi(arch: str = "cpu") -> None:
 
 # -- image IO ----------------------------------------------------------------------------------------
 def _read_array(path: str, what: str) -> np.ndarray:
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UserError(f"{what} {path!r}: no such file")
+    if not os.path.isfile(path):   # a pipe or a device could block or never end
+        raise UserError(f"{what} {path!r}: not a regular file (a directory, pipe or device?)")
     try:
         if path.lower().endswith(".npy"):
-            return np.load(path, allow_pickle=False)
+            header = np.load(path, mmap_mode="r", allow_pickle=False)   # the size from the header first
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            if header.nbytes > memory // 2:
+                raise UserError(f"{what} {path!r}: {header.nbytes / 2**30:.1f} GiB, more than half this machine's "
+                                f"memory")
+            return np.array(header)
         import imageio.v3 as iio
 
         return np.asarray(iio.imread(path))
     except UserError:
         raise
-    except Exception as e:  # imageio raises many types for unreadable files
-        raise UserError(f"{what} {path!r}: cannot read it as an image ({type(e).__name__}: {e})") from None
+    except Exception as e:  # imageio raises many types for unreadable files; their messages run over lines
+        reason = " ".join(str(e).split())[:200]
+        raise UserError(f"{what} {path!r}: cannot read it as an image ({type(e).__name__}: {reason})") from None
 
 
 def read_image(path: str) -> tuple[np.ndarray, np.dtype]:
