@@ -9,20 +9,11 @@ from app.errors import UserError
 
 def write_atomic(path, write) -> None:
     """Call write(file object, binary) for `path`'s content, then put it in place at once."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    def save(tmp):
         with open(tmp, "wb") as fh:
             write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+
+    write_named_atomic(path, save)
 
 
 def write_text_atomic(path, text: str) -> None:
@@ -37,8 +28,9 @@ def temporary_name(path) -> Path:
 
 
 def write_named_atomic(path, save) -> None:
-    """Call save(temporary path) to write `path`'s content under temporary_name(path), then put it in place at once
-    (for libraries that open the file themselves)."""
+    """Call save(temporary path) to write `path`'s content under temporary_name(path) (save may open the file
+    itself, as image libraries do), flush it to disk, then put it in place at once. The temporary file is removed
+    whatever happens; an OSError becomes a UserError naming `path`."""
     path = Path(path)
     tmp = temporary_name(path)
     try:
@@ -50,17 +42,12 @@ def write_named_atomic(path, save) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except OSError as e:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
-    except BaseException:
+    finally:
         try:
             tmp.unlink()
-        except OSError:
+        except OSError:   # (renamed into place, or never made)
             pass
-        raise
 
 
 def read_json_object(path, max_bytes: int = 64 * 2**20) -> dict:
