@@ -342,6 +342,7 @@ class Growth:
         """
         self._check_program()
         n_ovf = int(self._scalars[0])
+        self._last_parked = n_ovf
         if n_ovf == 0:
             return
         ovf_cap = self._caps["ovf_value"]
@@ -410,12 +411,18 @@ class Growth:
         _k_target_trim(self, target)
         self._relayout(target, shrink=True)
         self._release_transient_scratch()
-        if self._caps["ovf_value"] > self._default_ovf:
-            self._regrow("ovf_value", self._store_dtype, self._default_ovf)
-            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), self._default_ovf)
-            self._scalars[1] = self._default_ovf
+        self._shrink_overflow(self._default_ovf)
         self._scratch.clear()
         self._scanner.release()
+
+    def _shrink_overflow(self, cap):
+        """Give the overflow area back down to `cap` slots (never below its initial size) when it is larger. Only
+        right after a commit, when it is empty."""
+        cap = max(self._default_ovf, int(cap))
+        if self._caps["ovf_value"] > cap:
+            self._regrow("ovf_value", self._store_dtype, cap)
+            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), cap)
+            self._scalars[1] = cap
 
     def reserve(self, lengths):
         """Pre-assign capacity so each list i can hold lengths[i] elements without overflow."""

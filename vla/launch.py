@@ -9,7 +9,7 @@ from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 from . import taichi_compat
 from .array import LIVE, VLA
 from .errors import VLAOverflowError
-from .growth import k_commit_device, k_nd_to_lengths
+from .growth import bucket, k_commit_device, k_nd_to_lengths
 
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
@@ -205,8 +205,13 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
         if not lost:
             # Rolled back and run again (or emptied and refilled by fn): as complete as before the call; a VLA
             # that had lost appends before stays unreadable until refilled.
-            for v, (_, _, _, was_lost) in zip(vlas, snaps):
+            for v, (_, _, ovf_cap, was_lost) in zip(vlas, snaps):
                 v._lost = was_lost
+                if attempt:
+                    # The overflow area grew to hold the failed run's appends (a first fill from empty parks them
+                    # all: 5.9M slots, a third of the VLA's memory on the heavy tail); the run that fitted parked
+                    # _last_parked, its lists having grown. Keep room for twice that, or what it had before the call.
+                    v._shrink_overflow(max(ovf_cap, bucket(2 * v._last_parked)))
             return result
         if rollback:
             for v, (snap, _, _, _) in zip(vlas, snaps):

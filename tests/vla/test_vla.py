@@ -533,6 +533,30 @@ def test_overflow_through_launch_loses_nothing():
     assert st_["overflow_events"] >= 1 and st_["grow_events"] >= 1
 
 
+def test_a_launch_that_ran_again_gives_the_overflow_area_back():
+    """A fill from (nearly) empty parks almost every append: the overflow area grows to hold them and the lists to
+    the demand; the run that fits parks none, so launch shrinks the area back (on the heavy tail it was a third of
+    the VLA's memory), never below what it had before the call."""
+    v = VLA(10, ti.i32, inline_capacity=2, chunk_size=8, overflow_capacity=64, name="giveback")
+    launch(k_fill_mod, v, 100_000)
+    st = v.stats()
+    assert st["overflow_events"] >= 1 and st["overflow_capacity"] == 64
+    assert sorted_lists(v)[3] == list(range(3, 100_000, 10))
+    launch(k_fill_mod, v, 300_000)   # past the room again, appended to what is there: nothing lost
+    assert v.stats()["overflow_capacity"] == 64
+    assert sorted_lists(v)[3] == sorted(list(range(3, 100_000, 10)) + list(range(3, 300_000, 10)))
+    # an area grown by a commit outside launch stays as large through a launch that runs again
+    w = VLA(4, ti.i32, inline_capacity=1, chunk_size=2, overflow_capacity=8, name="kept")
+    k_fill_mod(w, 400)
+    with pytest.raises(VLAOverflowError):
+        w.commit()
+    grown = w.stats()["overflow_capacity"]
+    assert grown > 8
+    w.clear_all()
+    launch(k_fill_mod, w, 40_000)
+    assert w.stats()["overflow_capacity"] == grown and sorted_lists(w)[1] == list(range(1, 40_000, 4))
+
+
 def test_commit_raises_on_loss_and_grows():
     v = VLA(4, ti.i32, inline_capacity=1, chunk_size=2, overflow_capacity=8, name="raise")
     k_fill_mod(v, 400)  # 100 per list, 1 inline each; overflow area of 8 cannot hold 396
