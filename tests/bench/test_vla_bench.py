@@ -35,7 +35,8 @@ def test_bench_vla_runs_every_store_and_read_in_rounds(monkeypatch):
     # the tuned stores are trimmed after their first fill
     default, ordered = by[vb.DEFAULT_STORE], by["vla tuned ordered (0,1)"]
     assert default["first_reserved_over_live"] == default["reserved_over_live"]
+    assert default["first_device_over_live"] >= default["first_reserved_over_live"]
     assert ordered["first_reserved_over_live"] >= ordered["reserved_over_live"]
     table = vb.user_path_table(rows, kernel_times=True).splitlines()
     assert len(table) == 3 and table[2].startswith("| heavy | ")
-    assert f"{default['fill_kx_padded']:.2f} (" in table[2] and f"{default['reserved_over_live']:.2f} (" in table[2]
+    assert f"{default['fill_kx_padded']:.2f} (" in table[2] and f"{default['device_over_live']:.2f} (" in table[2]
