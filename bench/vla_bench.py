@@ -495,10 +495,8 @@ def user_path_table(rows, kernel_times):
             continue
         cells = []
         for key, _, target, fmt in USER_PATH:
-            if kernel_times and key.replace("_x_", "_kx_") in r:
-                key = key.replace("_x_", "_kx_")
-            elif kernel_times and key.replace("_pct", "_kpct") in r:
-                key = key.replace("_pct", "_kpct")
+            if kernel_times:   # the device-time figure where there is one; "-" where it was not measured
+                key = key.replace("_x_", "_kx_").replace("_pct", "_kpct")
             v = r.get(key)
             if v is None:
                 cells.append("-")

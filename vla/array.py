@@ -152,6 +152,7 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self.recompile_events = 0
         self._lost = 0   # appends lost by a kernel run without launch, since the last refill (Growth._commit_lost)
         self._last_parked = 0   # appends the last commit found in the overflow area
+        self._overflow_given_back = False   # launch gave a grown overflow area back (once; trim resets it)
 
         self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks

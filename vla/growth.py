@@ -412,17 +412,20 @@ class Growth:
         self._relayout(target, shrink=True)
         self._release_transient_scratch()
         self._shrink_overflow(self._default_ovf)
+        self._overflow_given_back = False
         self._scratch.clear()
         self._scanner.release()
 
-    def _shrink_overflow(self, cap):
-        """Give the overflow area back down to `cap` slots (never below its initial size) when it is larger. Only
-        right after a commit, when it is empty."""
+    def _shrink_overflow(self, cap) -> bool:
+        """Give the overflow area back down to `cap` slots (never below its initial size) when it is larger; True if
+        it did. Only right after a commit, when it is empty."""
         cap = max(self._default_ovf, int(cap))
-        if self._caps["ovf_value"] > cap:
-            self._regrow("ovf_value", self._store_dtype, cap)
-            self._regrow("ovf_meta", ti.types.vector(2, ti.i32), cap)
-            self._scalars[1] = cap
+        if self._caps["ovf_value"] <= cap:
+            return False
+        self._regrow("ovf_value", self._store_dtype, cap)
+        self._regrow("ovf_meta", ti.types.vector(2, ti.i32), cap)
+        self._scalars[1] = cap
+        return True
 
     def reserve(self, lengths):
         """Pre-assign capacity so each list i can hold lengths[i] elements without overflow."""

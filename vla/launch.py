@@ -207,11 +207,13 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
             # that had lost appends before stays unreadable until refilled.
             for v, (_, _, ovf_cap, was_lost) in zip(vlas, snaps):
                 v._lost = was_lost
-                if attempt:
-                    # The overflow area grew to hold the failed run's appends (a first fill from empty parks them
-                    # all: 5.9M slots, a third of the VLA's memory on the heavy tail); the run that fitted parked
-                    # _last_parked, its lists having grown. Keep room for twice that, or what it had before the call.
-                    v._shrink_overflow(max(ovf_cap, bucket(2 * v._last_parked)))
+                # The overflow area grew to hold the failed run's appends (a first fill from empty parks them all:
+                # 5.9M slots, a third of the VLA's memory on the heavy tail), and the lists grew to the demand. Give
+                # it back once in the VLA's life (again after a trim): a VLA whose later launches overflow again
+                # keeps what they needed, rather than re-running them frame after frame.
+                if attempt and not v._overflow_given_back and v._shrink_overflow(max(ovf_cap,
+                                                                                       bucket(2 * v._last_parked))):
+                    v._overflow_given_back = True
             return result
         if rollback:
             for v, (snap, _, _, _) in zip(vlas, snaps):

@@ -536,15 +536,21 @@ def test_overflow_through_launch_loses_nothing():
 def test_a_launch_that_ran_again_gives_the_overflow_area_back():
     """A fill from (nearly) empty parks almost every append: the overflow area grows to hold them and the lists to
     the demand; the run that fits parks none, so launch shrinks the area back (on the heavy tail it was a third of
-    the VLA's memory), never below what it had before the call."""
+    the VLA's memory), never below what it had before the call. Once in the VLA's life, again after trim()."""
     v = VLA(10, ti.i32, inline_capacity=2, chunk_size=8, overflow_capacity=64, name="giveback")
     launch(k_fill_mod, v, 100_000)
     st = v.stats()
     assert st["overflow_events"] >= 1 and st["overflow_capacity"] == 64
     assert sorted_lists(v)[3] == list(range(3, 100_000, 10))
-    launch(k_fill_mod, v, 300_000)   # past the room again, appended to what is there: nothing lost
-    assert v.stats()["overflow_capacity"] == 64
+    launch(k_fill_mod, v, 300_000)   # past the room again, appended to what is there: nothing lost; the area kept
+    assert v.stats()["overflow_capacity"] > 300_000 - 100_000
     assert sorted_lists(v)[3] == sorted(list(range(3, 100_000, 10)) + list(range(3, 300_000, 10)))
+    v.trim()
+    v.clear_all()
+    v.trim()
+    assert v.stats()["overflow_capacity"] == 64
+    launch(k_fill_mod, v, 50_000)   # emptied and trimmed: a fill from empty gives the area back again
+    assert v.stats()["overflow_capacity"] == 64 and sorted_lists(v)[7] == list(range(7, 50_000, 10))
     # an area grown by a commit outside launch stays as large through a launch that runs again
     w = VLA(4, ti.i32, inline_capacity=1, chunk_size=2, overflow_capacity=8, name="kept")
     k_fill_mod(w, 400)
@@ -555,6 +561,36 @@ def test_a_launch_that_ran_again_gives_the_overflow_area_back():
     w.clear_all()
     launch(k_fill_mod, w, 40_000)
     assert w.stats()["overflow_capacity"] == grown and sorted_lists(w)[1] == list(range(1, 40_000, 4))
+
+
+@ti.kernel
+def k_rebuild(v: ti.template(), lens: _i32_nd):
+    for i in range(v.num_arrays):
+        v.clear(i)
+        for k in range(lens[i]):
+            v.append(i, k)
+
+
+def test_per_frame_rebuilds_of_changing_lengths_do_not_run_again_every_frame():
+    """The overflow area is given back once: a per-frame rebuild whose lengths change from frame to frame re-runs
+    at its first fill and when it first outgrows the area given back, not frame after frame."""
+    n = 2000
+    v = VLA(n, ti.i32, name="rebuild")
+    rng = np.random.default_rng(3)
+    calls = []
+
+    def frame(lens):
+        calls.append(1)
+        k_rebuild(v, lens)
+
+    for f in range(12):
+        lens = np.where(rng.random(n) < 0.05, rng.integers(20, 200, n), rng.integers(0, 9, n)).astype(np.int32)
+        before = len(calls)
+        launch(frame, lens, vlas=[v], rollback=False)
+        assert v.lengths().tolist() == lens.tolist(), f
+        if f >= 2:
+            assert len(calls) - before == 1, f"frame {f} ran again"
+    assert len(calls) <= 12 + 2
 
 
 def test_commit_raises_on_loss_and_grows():
