@@ -1,7 +1,7 @@
 """``python run.py batch``: many headless runs of scenes x seeds x parameter values.
 
     python run.py batch SCENE [SCENE ...] [--seeds 0-15] [--set key.path=v1,v2,... ...] [--sweep sweep.yaml]
-                  --frames N --out DIR [--workers K] [--arch auto|cpu|cuda] [--record] [--resume]
+                  --frames N --out DIR [--workers K] [--arch auto|cpu|cuda] [--record] [--strict] [--resume]
                   [--timeout S] [--ray [ADDRESS]]
 
 Every run is its own ``run.py SCENE --headless`` process (see app/batch/worker.py), so one Taichi runtime
@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="runs at once (default: one per GPU, else 1)")
     p.add_argument("--arch", choices=ARCHS, help="passed to each run (default: each scene's sim.arch)")
     p.add_argument("--record", action="store_true", help="also write trajectory.npz per run")
+    p.add_argument("--strict", action="store_true",
+                   help="each run stops, recorded failed, at a contact deeper than sim.penetration_limit")
     p.add_argument("--resume", action="store_true", help="finish a batch in --out: skip its complete runs")
     p.add_argument("--timeout", type=float, help="seconds after which a run is killed and recorded failed")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
@@ -84,6 +86,7 @@ def plan_from_args(args) -> tuple[list[RunSpec], dict]:
         "frames": args.frames,
         "arch": args.arch,
         "record": bool(args.record),
+        "strict": bool(args.strict),
         "seeds": seeds,
         "parameters": {k: v for k, v in params},
         "backend": "ray" if args.ray is not None else "processes",
@@ -140,7 +143,8 @@ def run_batch(runs: list[RunSpec], settings: dict, out: str, *, workers: int | N
     record, arch, frames = settings["record"], settings["arch"], settings["frames"]
     use_ray = ray_address is not None
     if argv_fn is None:
-        argv_fn = functools.partial(_default_argv, frames=frames, arch=arch or "", record=record)
+        argv_fn = functools.partial(_default_argv, frames=frames, arch=arch or "", record=record,
+                                    strict=bool(settings.get("strict")))
     store = BatchDir(out)
     config = {**settings, "command": command or [], "runs": [r.to_json() for r in runs]}
     gpus = [] if (arch == "cpu" or use_ray) else detect_gpus()
@@ -197,8 +201,9 @@ def run_batch(runs: list[RunSpec], settings: dict, out: str, *, workers: int | N
             "wall_time_s": time.perf_counter() - t0}
 
 
-def _default_argv(spec: RunSpec, out_dir, scene_path=None, *, frames: int, arch: str, record: bool) -> list[str]:
-    argv = headless_argv(spec, frames, arch or "auto", record, str(out_dir), scene_path=scene_path)
+def _default_argv(spec: RunSpec, out_dir, scene_path=None, *, frames: int, arch: str, record: bool,
+                  strict: bool = False) -> list[str]:
+    argv = headless_argv(spec, frames, arch or "auto", record, str(out_dir), scene_path=scene_path, strict=strict)
     if not arch:  # no --arch given: leave the scene's sim.arch in charge
         i = argv.index("--arch")
         del argv[i:i + 2]

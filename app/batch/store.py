@@ -35,7 +35,9 @@ RESULT_FILES = ("metrics.json", "state.npz")
 RECORD_FILE = "trajectory.npz"
 SUMMARY_METRICS = ("steps_per_second", "final_kinetic_energy", "max_penetration", "contacts_max")
 # Settings that must match for --resume to reuse finished runs (a run id does not show them).
-RESUME_KEYS = ("frames", "arch", "record")
+RESUME_KEYS = ("frames", "arch", "record", "strict")
+# A batch.json without a key had its default.
+RESUME_DEFAULTS = {"strict": False}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -100,7 +102,7 @@ class BatchDir:
             except (OSError, ValueError) as e:
                 raise UserError(f"--out {self.root}: batch.json unreadable ({e}); choose another --out") from None
             for key in RESUME_KEYS:
-                if old.get(key) != config.get(key):
+                if old.get(key, RESUME_DEFAULTS.get(key)) != config.get(key, RESUME_DEFAULTS.get(key)):
                     raise UserError(
                         f"--resume: --{key} {config.get(key)!r} differs from the batch in {self.root} "
                         f"({old.get(key)!r}); use the same settings or another --out"

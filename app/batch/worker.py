@@ -22,15 +22,18 @@ RUN_PY = Path(__file__).resolve().parents[2] / "run.py"
 LOG_TAIL_CHARS = 20_000
 
 
-def headless_argv(spec: RunSpec, frames: int, arch: str, record: bool, out_dir: str, scene_path: str | None = None) -> list[str]:
-    """The command of one run: ``python run.py SCENE --headless --frames N --out TMP --arch A [--record]
-    [--set k=v ...]`` (issue 3's headless interface, one ``--set`` per override)."""
+def headless_argv(spec: RunSpec, frames: int, arch: str, record: bool, out_dir: str, scene_path: str | None = None,
+                  strict: bool = False) -> list[str]:
+    """The command of one run: ``python run.py SCENE --headless --frames N --out TMP --arch A [--record] [--strict]
+    [--set k=v ...]`` (one ``--set`` per override)."""
     # The scene as the user wrote it (workers share the batch's working directory), so messages name it
     # the same way; Ray tasks pass their own path.
     argv = [sys.executable, str(RUN_PY), scene_path or spec.scene, "--headless", "--frames", str(frames),
             "--out", str(out_dir), "--arch", arch]
     if record:
         argv.append("--record")
+    if strict:
+        argv.append("--strict")
     for override in spec.overrides:
         argv += ["--set", override]
     return argv

@@ -441,3 +441,30 @@ def test_a_sweep_of_too_many_runs_is_refused_before_it_is_built(tmp_path, scene,
     assert len(expand_runs([scene], [0, 1, 2], [("a", ["1", "2"])])) == 6
     with pytest.raises(UserError, match="8 runs"):
         expand_runs([scene], [0, 1, 2, 3], [("a", ["1", "2"])])
+
+
+def test_strict_reaches_every_run_and_must_match_on_resume(tmp_path, scene):
+    from app.batch.worker import headless_argv
+
+    args = batch.build_parser().parse_args([scene, "--frames", "2", "--out", str(tmp_path / "o"), "--strict"])
+    runs, config = batch.plan_from_args(args)
+    assert config["strict"] is True
+    argv = headless_argv(runs[0], 2, "cpu", False, "tmp", strict=True)
+    assert "--strict" in argv and "--strict" not in headless_argv(runs[0], 2, "cpu", False, "tmp")
+    argv = batch._default_argv(runs[0], "tmp", frames=2, arch="", record=False, strict=True)
+    assert "--strict" in argv and "--arch" not in argv
+    # a batch.json written without the key had strict off: resuming it without --strict is fine, with it is not
+    from app.batch.store import BatchDir
+
+    root = tmp_path / "b"
+    root.mkdir()
+    (root / "batch.json").write_text(json.dumps({"frames": 2, "arch": None, "record": False, "runs": []}))
+    for strict, ok in ((False, True), (True, False)):
+        store = BatchDir(str(root))
+        try:
+            store.open({"frames": 2, "arch": None, "record": False, "strict": strict, "runs": []}, resume=True)
+            assert ok
+        except UserError as e:
+            assert not ok and "--strict True differs" in str(e)
+        finally:
+            store.close()
