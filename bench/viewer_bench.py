@@ -8,7 +8,7 @@ Three loops over the same scene, each after `--warmup` untimed frames (kernel co
 * sim: `sim.step_frame()` alone (substeps steps), synchronised: the ceiling the viewer can reach.
 * render: the viewer alone on a frozen state: instance-transform kernels + GGUI draw + frame capture.
 * sim+render: both per frame, what `--headless --render` and the window do. The goal is >= 60 fps for
-  pile_100k on the H200 (issue 4).
+  pile_100k on the H200.
 
 Offscreen, a frame is finished by capturing it (GGUI's `show()` needs a visible window), so "render"
 includes reading the image back (width x height x 16 bytes); the interactive window presents instead.

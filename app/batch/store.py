@@ -51,7 +51,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def metrics_summary(metrics: dict) -> dict:
-    """The summary's numbers from a metrics.json (issue 3's fields); missing ones are None."""
+    """The summary's numbers from a metrics.json (app.headless writes them); missing ones are None."""
 
     def num(x):
         try:

@@ -1,7 +1,7 @@
 """Batches of the real simulator: ``python run.py batch`` driving ``run.py SCENE --headless`` processes.
 
 All runs use tests/batch/batch_tiny.yaml (6 spheres, 3 frames of 4 substeps) on the CPU, so a run costs
-about the Taichi start-up. These are the tests issue 5 names:
+about the Taichi start-up. They cover:
 
 - a sweep of 2 seeds x 2 values, one value invalid: 2 ok rows, 2 failed rows with the reason, exit 1;
 - killing a batch of 3 runs midway (SIGKILL to its whole process group, as when the machine stops) and resuming

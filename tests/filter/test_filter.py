@@ -1,4 +1,4 @@
-"""Variable-radius filter (issue 6): every method against a plain numpy reference, a constant radius map
+"""Variable-radius filter: every method against a plain numpy reference, a constant radius map
 against scipy's Gaussian blur, the CLI's IO and its errors, and a smoke run of the benchmark."""
 import json
 import os
