@@ -9,6 +9,7 @@ import taichi as ti
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from peek import peek_lists
 from vla import VLA, Batch, VLACapacityError, VLAOverflowError, launch
 from vla import layout as vla_layout
 
@@ -1250,15 +1251,6 @@ def _closure_appender(v):
     return _PROP[key], _PROP["other"]
 
 
-def _peek(v):
-    """What v's lists show, read past the guard of a VLA that lost appends."""
-    lost, v._lost = v._lost, 0
-    try:
-        return v.to_lists()
-    finally:
-        v._lost = lost
-
-
 _pairs = st.lists(st.tuples(st.integers(0, 5), st.integers(-99, 99)), max_size=40)
 op = st.one_of(
     st.tuples(st.just("append"), _pairs, st.booleans()),
@@ -1370,13 +1362,13 @@ def test_random_operation_sequences_match_list_reference(config, ops):
         elif kind == "batch":
             # appends through a Batch (rollback=True): either all of them are in, or none and launch() adds them
             pairs = o[1]
-            before = _peek(v)
+            before = peek_lists(v)
             o_nd, x_nd, m = _pairs_nd([p[0] for p in pairs], [p[1] for p in pairs])
             batch = _shared_batch()
             batch.begin()
             batch.launch(k_append_pairs, v, o_nd, x_nd, m)
             if not batch.done():
-                assert _peek(v) == before, "a failed batch rolls back"
+                assert peek_lists(v) == before, "a failed batch rolls back"
                 launch(k_append_pairs, v, o_nd, x_nd, m)
             for i, x in pairs:
                 ref[i].append(x)
@@ -1412,7 +1404,7 @@ def test_random_operation_sequences_match_list_reference(config, ops):
             for read in (v.lengths, v.to_csr, v.to_lists):
                 with pytest.raises(VLAOverflowError, match="refill"):
                     read()
-            for i, (shown, appended) in enumerate(zip(_peek(v), ref)):
+            for i, (shown, appended) in enumerate(zip(peek_lists(v), ref)):
                 assert not Counter(shown) - Counter(appended), f"after {kind}: list {i} shows what was not appended"
         else:
             got = v.to_lists()

@@ -8,6 +8,7 @@ import pytest
 import taichi as ti
 
 import vla.taichi_compat
+from peek import peek_lists
 from vla import VLA, VLACapacityError, VLAOverflowError, launch
 
 ARCH = os.environ.get("SMOLVLA_TEST_ARCH", "cpu")
@@ -156,7 +157,7 @@ def test_a_list_that_lost_nothing_keeps_everything():
     k_fill_list(v, 0, 3)       # list 0: 2 beyond capacity, not parked (the area is full)
     with pytest.raises(VLAOverflowError):
         v.commit()
-    shown = _peek(v)
+    shown = peek_lists(v)
     assert len(shown[1]) == 1 and shown[1][0] in range(1000, 1020)   # cut to its capacity: what reached storage
     assert shown[0] == [0]     # (its two parked appends came after the area was full: lost, cut too)
     w = VLA(2, ti.i32, inline_capacity=1, chunk_size=1, overflow_capacity=4, name="keeps_winner")
@@ -164,7 +165,7 @@ def test_a_list_that_lost_nothing_keeps_everything():
     k_fill_list(w, 1, 20)      # list 1: 2 parked, 17 lost
     with pytest.raises(VLAOverflowError):
         w.commit()
-    shown = _peek(w)
+    shown = peek_lists(w)
     assert sorted(shown[0]) == [0, 1, 2] and len(shown[1]) == 1
 
 
@@ -172,14 +173,6 @@ def test_a_list_that_lost_nothing_keeps_everything():
 def k_fill_list(v: ti.template(), i: ti.i32, m: ti.i32):
     for k in range(m):
         v.append(i, 1000 * i + k)
-
-
-def _peek(v):
-    lost, v._lost = v._lost, 0
-    try:
-        return v.to_lists()
-    finally:
-        v._lost = lost
 
 
 # ------------------------------------------------------------------------------------------------ launch's reach
