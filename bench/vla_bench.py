@@ -392,6 +392,8 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
                 s.commit()
         built.append((name, s, refill))
     partial = ti.field(ti.i64, shape=FLAT_THREADS)
+    # the host transfer's yardstick: a plain field holding exactly the live elements, copied with to_numpy()
+    live_field = ti.field(ti.i32, shape=max(1, int(lens_np.sum())))
 
     def time_store(name, s, refill):
         """One round of the timed operations of one store, each checked against the reference."""
@@ -406,6 +408,17 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
                 if kernel_times:
                     m[f"{op}_kms"] = kernel_ms(lambda: kern(s, out), repeats=repeats)
                 check(f"{name} {op}")
+        if name == DEFAULT_STORE:
+            # to_csr against the same live bytes as one plain field's to_numpy(), interleaved pair by pair
+            offsets, values = s.to_csr()
+            if not np.array_equal(np.diff(offsets), lens_np):
+                raise AssertionError(f"{dist}: {name} to_csr lengths differ")
+            live_field.to_numpy()
+            pairs = [(time_ms(live_field.to_numpy, repeats=1, warmup=0), time_ms(s.to_csr, repeats=1, warmup=0))
+                     for _ in range(max(3, repeats // 4))]
+            m["host_copy_ms"] = statistics.median(p[0] for p in pairs)
+            m["to_csr_ms"] = statistics.median(p[1] for p in pairs)
+            m["to_csr_pct_host_copy"] = 100 * m["host_copy_ms"] / m["to_csr_ms"]
         if isinstance(s, VLA):
             for op, flat in (("flat_read", lambda: k_read_flat(s, partial, FLAT_THREADS, FLAT_UNROLL)),
                              ("flat_fold", lambda: k_read_flat_fold(s, partial, FLAT_FOLD))):
@@ -441,6 +454,7 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
         else:
             st = s.stats()
             reserved = st["reserved_bytes"]
+            row["layout"] = f"({st['inline_capacity']},{st['chunk_size']})"
             row["first_reserved_over_live"] = first_fill[name]["reserved_bytes"] / live_bytes
             row["first_device_over_live"] = first_fill[name]["device_bytes"] / live_bytes
             row["element_reserved_MB"] = st["element_reserved_bytes"] / 1e6
@@ -471,7 +485,7 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
 # The store a user gets from VLA(n, dtype): filled by launch from empty, then cleared and refilled with commit() each
 # frame (never trimmed), read with the get() loop and the flat_index loop. The user-path table reports it against
 # issue targets: (key, what, target or None, format).
-DEFAULT_STORE = "vla (4,16)"
+DEFAULT_STORE = "vla default"
 USER_PATH = [
     ("fill_x_padded", "fill cycle x padded", 1.5, "{:.2f}"),
     ("read_x_padded", "get loop x padded", 1.5, "{:.2f}"),
@@ -482,7 +496,13 @@ USER_PATH = [
     # growth headroom and the work buffers it keeps, launch's snapshot among them)
     ("first_device_over_live", "memory/live after the first launch", -2.0, "{:.2f}"),
     ("device_over_live", "memory/live after the refills", -1.5, "{:.2f}"),
+    ("to_csr_pct_host_copy", "to_csr % of a plain field's to_numpy", 80.0, "{:.0f}"),
+    ("layout", "layout it chose (inline, chunk)", None, "{}"),
 ]
+
+
+# figures that are wall time (a host transfer) or no time at all, also in a --kernel-times table
+WALL_ONLY = ("to_csr_pct_host_copy", "layout")
 
 
 def user_path_table(rows, kernel_times):
@@ -495,7 +515,7 @@ def user_path_table(rows, kernel_times):
             continue
         cells = []
         for key, _, target, fmt in USER_PATH:
-            if kernel_times:   # the device-time figure where there is one; "-" where it was not measured
+            if kernel_times and key not in WALL_ONLY:   # the device-time figure; "-" where it was not measured
                 key = key.replace("_x_", "_kx_").replace("_pct", "_kpct")
             v = r.get(key)
             if v is None:

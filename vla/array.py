@@ -21,7 +21,7 @@ from .iteration import Iteration
 from .layout import Addressing, check_dtype, element_bytes, leaves, storage_words
 from .scan import Scanner
 from .transfer import Transfer
-from .tuning import check_runs, tune
+from .tuning import AUTO_START, check_runs, tune
 
 # Every live VLA, so that launch() can find the ones a kernel touched when its arguments do not say.
 LIVE: "weakref.WeakSet[VLA]" = weakref.WeakSet()
@@ -42,8 +42,10 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         num_arrays: number of lists (> 0).
         dtype: a Taichi scalar type, ``ti.types.vector``/``matrix``, or ``ti.types.struct``. A struct of 32-bit
             members is stored as 64-bit words (half the load instructions of a record); anything else whole.
-        inline_capacity: elements per list stored inline (tier 1, compile-time constant, >= 0).
-        chunk_size: elements per pool chunk (tier 2, compile-time constant, a power of two).
+        inline_capacity: elements per list stored inline (tier 1, compile-time constant, >= 0). None (default): the
+            VLA chooses it from the lengths it sees (vla.tuning), and may change it when it grows.
+        chunk_size: elements per pool chunk (tier 2, compile-time constant, a power of two). None (default): chosen
+            as inline_capacity is.
         reserve: ``None``; an int, pool elements to pre-allocate (assigned to lists as they need them); or an array
             of ``num_arrays`` expected lengths, pre-assigned to each list.
         runs: ``"bump"`` (default): a list that outgrows its chunks takes a new run at the pool's end on the device,
@@ -63,16 +65,23 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
 
     tune = staticmethod(tune)
 
-    def __init__(self, num_arrays, dtype, inline_capacity=4, chunk_size=16, reserve=None, runs="bump",
+    def __init__(self, num_arrays, dtype, inline_capacity=None, chunk_size=None, reserve=None, runs="bump",
                  overflow_capacity=None, name="vla"):
         taichi_compat.require_program(f"VLA {name!r}")
         _check_int("num_arrays", num_arrays, 1)
-        _check_int("inline_capacity", inline_capacity, 0)
-        _check_int("chunk_size", chunk_size, 1)
-        if chunk_size & (chunk_size - 1):
-            raise ValueError(f"VLA chunk_size must be a power of two (1, 2, 4, ...), got {chunk_size}")
+        # (None: chosen by the VLA; _retune keeps a size the caller gave)
+        self._auto_inline = inline_capacity is None
+        self._auto_chunk = chunk_size is None
+        if inline_capacity is not None:
+            _check_int("inline_capacity", inline_capacity, 0)
+        if chunk_size is not None:
+            _check_int("chunk_size", chunk_size, 1)
+            if chunk_size & (chunk_size - 1):
+                raise ValueError(f"VLA chunk_size must be a power of two (1, 2, 4, ...), got {chunk_size}")
         check_dtype(dtype)
         check_runs(runs)
+        inline_capacity, chunk_size = self._first_layout(num_arrays, dtype, runs, inline_capacity, chunk_size,
+                                                         reserve)
         if overflow_capacity is not None:
             _check_int("overflow_capacity", overflow_capacity, 1)
         if num_arrays >= taichi_compat.I32_MAX:   # (the lists' tables have num_arrays + 1 entries)
@@ -150,6 +159,10 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self.compact_events = 0
         self.overflow_events = 0
         self.recompile_events = 0
+        self.retune_events = 0
+        # True while every list is known to be empty (constructed, clear_all()): launch then needs no snapshot of the
+        # lengths to roll back to. Any commit, refill or Batch launch ends it.
+        self._known_empty = True
         self._lost = 0   # appends lost by a kernel run without launch, since the last refill (Growth._commit_lost)
         self._last_parked = 0   # appends the last commit found in the overflow area
         self._overflow_given_back = False   # launch gave a grown overflow area back (once; trim resets it)
@@ -179,7 +192,7 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
     def stats(self) -> dict:
         """Live and reserved sizes. reserved_bytes: element storage (inline tier, pool, overflow area) and all
         metadata (per list, per chunk, per overflow slot). scratch_bytes: the work buffers the VLA keeps for reuse
-        (launch's and Batch's rollback snapshots, the buffers of lengths(), to_csr() and permute(), the prefix sum's
+        (launch's and Batch's rollback snapshots, permute()'s buffer, the prefix sum's
         block sums, the re-layout staging; trim() frees them); device_bytes: both, all the device memory it holds."""
         self._check_program()
         live = int(_k_sum_lengths(self))
@@ -217,6 +230,8 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
             "grow_events": self.grow_events + int(self._scalars[9]),
             "compact_events": self.compact_events,
             "recompile_events": self.recompile_events,
+            "retune_events": self.retune_events,
+            "layout_chosen_by_vla": self._auto_inline or self._auto_chunk,
         }
 
     def release(self):
@@ -244,6 +259,25 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
                 f"{self.inline_capacity}, chunk_size={self.chunk_size}, runs={self.runs!r})")
 
     # ------------------------------------------------------------------ host-side internals
+    @staticmethod
+    def _first_layout(num_arrays, dtype, runs, inline_capacity, chunk_size, reserve):
+        """(inline_capacity, chunk_size) to start with: those given; for a size left to the VLA, tune's choice for
+        reserved lengths when given, else AUTO_START's."""
+        auto_ic, auto_cs = inline_capacity is None, chunk_size is None
+        if not (auto_ic or auto_cs):
+            return inline_capacity, chunk_size
+        lens = None if reserve is None or np.ndim(reserve) == 0 else np.asarray(reserve)
+        if lens is not None and lens.shape == (num_arrays,) and np.issubdtype(lens.dtype, np.integer) \
+                and lens.size and lens.min() >= 0 and lens.any():
+            kw = {}
+            if not auto_ic:
+                kw["inline_options"] = (inline_capacity,)
+            if not auto_cs:
+                kw["chunk_options"] = (chunk_size,)
+            t = tune(lens, dtype, runs, **kw)
+            return t["inline_capacity"], t["chunk_size"]
+        return (AUTO_START[0] if auto_ic else inline_capacity), (AUTO_START[1] if auto_cs else chunk_size)
+
     def _check_program(self):
         if self._prog is None:
             raise RuntimeError(f"VLA {self.name!r} was released (VLA.release()); create a new one")

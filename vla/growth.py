@@ -19,6 +19,7 @@ from . import taichi_compat
 from .append import k_move_overflow_home, move_overflow_home
 from .errors import VLACapacityError, VLAOverflowError
 from .taichi_compat import I32_MAX
+from .tuning import CHUNK_OPTIONS, INLINE_OPTIONS, RETUNE_GAIN, histogram, modeled_bytes
 
 # A pool that must be compacted to make room grows if less than ~10% of it would stay free, to 1.1x the demand
 # rounded up along 2^(k/8) (1.1-1.2x): on an H200's 1M-body pile, 1.2x rounded along 2^(k/4) left the pool 1.2x
@@ -260,6 +261,30 @@ def _k_relayout_table(v: ti.template(), new_start: _i32_nd, target: _i32_nd, tot
 
 
 @ti.kernel
+def _k_held(v: ti.template(), held: _i32_nd):
+    """held[i]: the elements list i holds in its own storage (the rest, if any, wait in the overflow area)."""
+    for i in range(v.num_arrays):
+        held[i] = ti.min(v.length_field[i], v.capacity(i))
+
+
+@ti.kernel
+def _k_pack_to_tmp(v: ti.template(), offsets: _i32_nd, held: _i32_nd):
+    """Every held element to relayout_tmp in list order (CSR), a flat coalesced pass over the storage."""
+    for e in range(v.flat_size()):
+        i, k = v.flat_index(e)
+        if i >= 0 and k < held[i]:
+            v.relayout_tmp[offsets[i] + k] = v.store[e]
+
+
+@ti.kernel
+def _k_unpack_from_tmp(v: ti.template(), offsets: _i32_nd, held: _i32_nd):
+    """The inverse of _k_pack_to_tmp, into the VLA's (new) layout."""
+    for i in range(v.num_arrays):
+        for k in range(held[i]):
+            v.store[v._addr(i, k)] = v.relayout_tmp[offsets[i] + k]
+
+
+@ti.kernel
 def _k_permute(v: ti.template(), order: ti.template(), first: ti.i32, count: ti.i32, meta: _i32_nd):
     """Lists first + k take lists first + order[k] (k < count): length, chunk run and inline elements. The old
     values are staged first (meta: 3 * count entries, relayout_tmp: count * inline_capacity elements); the launch's
@@ -326,11 +351,12 @@ def check_reserve(name, num_arrays, inline_capacity, chunk_size, lengths) -> np.
 class Growth:
     """commit, clear_all, trim, reserve and permute of :class:`vla.VLA` (a mixin)."""
 
-    # Work buffers of the rare host-side paths (growth through the host, compaction, trim, reserve, from_csr): a
+    # Work buffers of the host-side paths (growth through the host, compaction, trim, reserve, the transfers): a
     # list's worth of i32 each, given back when the operation ends, because those paths allocate and copy far more
-    # than these anyway. The others stay for reuse: launch's and Batch's snapshots (every call), lengths()/to_csr()'s
-    # and permute()'s buffers.
-    _TRANSIENT_SCRATCH = ("demand", "moved", "target", "new_start", "parked", "kept")
+    # than these anyway, and a VLA read back once would otherwise hold 8 bytes a list for good. The others stay for
+    # reuse: launch's and Batch's snapshots (every call) and permute()'s buffer.
+    _TRANSIENT_SCRATCH = ("demand", "moved", "target", "new_start", "parked", "kept", "held", "retune_offsets",
+                          "lengths_out", "csr_offsets")
 
     def commit(self):
         """Make every element appended since the last commit readable; grow capacity as needed.
@@ -341,6 +367,7 @@ class Growth:
         what was appended: run the kernel again (vla.launch does) or clear and refill.
         """
         self._check_program()
+        self._known_empty = False
         n_ovf = int(self._scalars[0])
         self._last_parked = n_ovf
         if n_ovf == 0:
@@ -371,7 +398,9 @@ class Growth:
         parked = self._scratch_nd("parked", self.num_arrays)
         kept = self._scratch_nd("kept", self.num_arrays)
         _k_complete_lengths(self, parked, kept)
-        self._grow_to(demand, headroom=True)
+        # No per-list headroom: this is a fill that outran the overflow area (a first fill from empty, typically),
+        # whose demand is the lengths themselves; the pool keeps its headroom for lists that grow later.
+        self._grow_to(demand, headroom=False)
         # Every parked append goes home, those of cut lists too: launch() rolls lengths back to before its call, and
         # appends parked before the call (always among those kept: they came first) must then be there.
         k_move_overflow_home(self)
@@ -402,6 +431,7 @@ class Growth:
         self._check_program()
         k_clear_all(self)
         self._lost = 0
+        self._known_empty = True
 
     def trim(self):
         """Compact the pool, release every chunk the current lengths do not need, shrink the overflow area back to
@@ -542,6 +572,9 @@ class Growth:
         moved = self._scratch_nd("moved", n)
         if _k_grow_targets(self, demand, int(headroom), moved) == 0:
             return
+        if self._retune(demand):
+            self.grow_events += 1
+            return
         if self.runs == "bump":
             _k_claim_runs(self, moved, self._caps["pool_chunks"])
             grown = self.grow_events
@@ -553,6 +586,79 @@ class Growth:
         target = self._scratch_nd("target", n)
         _k_target_keep(self, moved, target)
         self._relayout(target, shrink=False)
+
+    def _retuned_layout(self, demand_np):
+        """(inline_capacity, chunk_size) the VLA should change to for these demanded lengths, or None: it keeps its
+        layout if it chose none of its sizes, or if the best layout (vla.tuning's model, keeping any size the caller
+        gave) saves less than RETUNE_GAIN, or would not fit 32-bit indices."""
+        if not (self._auto_inline or self._auto_chunk):
+            return None
+        vals, counts = histogram(demand_np)
+        now = modeled_bytes(vals, counts, self.inline_capacity, self.chunk_size, self.dtype, self.runs)
+        best = (now, self.inline_capacity, self.chunk_size)
+        for ic in INLINE_OPTIONS if self._auto_inline else (self.inline_capacity,):
+            for cs in CHUNK_OPTIONS if self._auto_chunk else (self.chunk_size,):
+                b = modeled_bytes(vals, counts, ic, cs, self.dtype, self.runs)
+                if b < best[0]:
+                    best = (b, ic, cs)
+        if best[0] * RETUNE_GAIN > now:
+            return None
+        try:
+            check_reserve(self.name, self.num_arrays, best[1], best[2], demand_np)
+        except VLACapacityError:
+            return None
+        return best[1], best[2]
+
+    def _retune(self, demand) -> bool:
+        """Re-lay the VLA out with the inline capacity and chunk size that suit the demanded lengths (demand, an i32
+        ndarray of num_arrays), if it chooses its own and the gain is worth it (_retuned_layout); returns whether it
+        did. Every list gets exactly the chunks its demand needs, in list order, and the pool ~10-20% headroom
+        (POOL_HEADROOM, bucketed). The elements in the lists' own storage go through relayout_tmp in list order;
+        those parked in the overflow area stay there, for the caller's move home. The sizes are compile-time
+        constants of every kernel that uses the VLA, so all compiled kernels are dropped and compile again on
+        their next launch."""
+        n = self.num_arrays
+        if not (self._auto_inline or self._auto_chunk):
+            return False
+        # (a reserve may ask for less than a list holds, or has parked: the new layout keeps room for all of it)
+        held = self._scratch_nd("held", n)
+        k_lengths_to_nd(self, held)
+        demand_np = np.maximum(demand.to_numpy()[:n], held.to_numpy()[:n])
+        choice = self._retuned_layout(demand_np)
+        if choice is None:
+            self._scratch.pop("held", None)
+            return False
+        ic, cs = choice
+        _k_held(self, held)
+        offsets = self._scratch_nd("retune_offsets", n + 1)
+        self._scanner.exclusive(held, n, offsets)
+        total = int(offsets[n])
+        self._regrow("relayout_tmp", self._store_dtype, max(1, total))
+        if total:
+            _k_pack_to_tmp(self, offsets, held)
+        need = (np.maximum(demand_np.astype(np.int64) - ic, 0) + cs - 1) // cs
+        target = self._scratch_nd("target", n)
+        target.from_numpy(need.astype(np.int32))
+        new_start = self._scratch_nd("new_start", n + 1)
+        self._scanner.exclusive(target, n, new_start)
+        chunks = int(new_start[n])
+        cap = max(1, bucket(chunks * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+        self.inline_capacity, self.chunk_size = int(ic), int(cs)
+        self._chunk_shift = self.chunk_size.bit_length() - 1
+        self._n_inline = self.inline_capacity * n
+        self._regrow("store", self._store_dtype, self._n_inline + cap * cs)
+        self._regrow("table_owner", ti.i32, self._owner_len(cap))
+        self._caps["pool_chunks"] = cap
+        taichi_compat.program_kernels_changed()
+        self.recompile_events += 1
+        self.retune_events += 1
+        self.compact_events += 1
+        _k_relayout_table(self, new_start, target, chunks, cap)
+        self._scalars[2] = chunks
+        if total:
+            _k_unpack_from_tmp(self, offsets, held)
+        self._regrow("relayout_tmp", self._store_dtype, 1)
+        return True
 
     def _relayout(self, target, shrink):
         """Compact the pool: target[i] chunks for list i, in list order, keeping every list's data (up to target[i]

@@ -9,7 +9,7 @@ from taichi.lang.kernel_impl import _BoundedDifferentiableMethod
 from . import taichi_compat
 from .array import LIVE, VLA
 from .errors import VLAOverflowError
-from .growth import bucket, k_commit_device, k_nd_to_lengths
+from .growth import bucket, k_clear_all, k_commit_device, k_nd_to_lengths
 
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
@@ -20,6 +20,16 @@ def _k_snapshot(v: ti.template(), out: _i32_nd):
     for i in range(v.num_arrays):
         out[i] = v.length_field[i]
     out[v.num_arrays] = v._scalars[0]
+
+
+@ti.kernel
+def _k_count_nonempty(v: ti.template()) -> ti.i32:
+    """Lists with a length above 0, plus appends waiting in the overflow area."""
+    c = v._scalars[0]
+    for i in range(v.num_arrays):
+        if v.length_field[i] != 0:
+            c += 1
+    return c
 
 
 @ti.kernel
@@ -178,10 +188,15 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
     vlas = _affected_vlas(fn, args, vlas)
     # Snapshot on the device (no host sync): lengths (rollback only), and the appends still waiting in the overflow
     # area from before the call (they are moved home by the commit below, like the call's own).
+    # A VLA that is empty before the call rolls back by emptying it: no snapshot, whose buffer (a length per list)
+    # would stay with the VLA. Only a VLA that may be empty (constructed or clear_all()'d, nothing committed since)
+    # is asked, with one device reduction and read: a kernel run since without a commit may have appended to it.
     snaps = []
+    empties = []
     for v in vlas:
         v._check_program()
-        if rollback:
+        empties.append(rollback and v._known_empty and _k_count_nonempty(v) == 0)
+        if rollback and not empties[-1]:
             snap = v._scratch_nd("launch_snapshot", v.num_arrays + 1)  # reused: launch allocates nothing
             _k_snapshot(v, snap)
             snaps.append((snap, v.num_arrays, v._caps["ovf_value"], v._lost))
@@ -216,8 +231,11 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
                     v._overflow_given_back = True
             return result
         if rollback:
-            for v, (snap, _, _, _) in zip(vlas, snaps):
-                k_nd_to_lengths(v, snap)
+            for v, (snap, _, _, _), empty in zip(vlas, snaps, empties):
+                if empty:
+                    k_clear_all(v)
+                else:
+                    k_nd_to_lengths(v, snap)
     raise VLAOverflowError(
         f"vla.launch: {getattr(fn, '__name__', fn)} still overflowed after {max_retries} retries "
         f"(its appends are not deterministic in count?): {lost[0]}")
@@ -333,6 +351,8 @@ class Batch:
                 _k_snapshot(v, snap)
             snaps.append(snap)
         result = fn(*args)
+        for v in vlas:
+            v._known_empty = False
         need = len(self._entries) + len(vlas)
         if self._status is None or self._status.shape[0] < need:
             self._status = ti.ndarray(ti.i32, shape=max(16, 2 * need))

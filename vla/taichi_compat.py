@@ -119,6 +119,13 @@ def place(dtype, length: int, what: str, replace=None):
     return field, tree
 
 
+def program_kernels_changed():
+    """Drop every compiled kernel of the program (they compile again on their next launch): a VLA changed a size
+    its kernels were compiled with. Taichi keys a kernel compiled for a data-oriented object on the object, not on
+    the values its code read from it."""
+    impl.get_runtime().clear_compiled_functions()
+
+
 def replace(old_tree, dtype, length: int, what: str, debug: bool):
     """place() a field in place of old_tree's; returns (field, tree, recompiled): whether the compiled kernels had
     to be dropped (the new tree got another id, or debug mode)."""

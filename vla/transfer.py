@@ -43,7 +43,9 @@ class Transfer:
         self._check_complete("lengths")
         out = self._scratch_nd("lengths_out", self.num_arrays)
         k_lengths_to_nd(self, out)
-        return out.to_numpy()
+        lengths = out.to_numpy()
+        self._release_transient_scratch()
+        return lengths
 
     def to_csr(self):
         """(offsets int64 (num_arrays+1,), values): values is an ndarray, or a dict of ndarrays keyed by struct
@@ -63,6 +65,7 @@ class Transfer:
             if total:
                 _k_gather_leaf(self, path, offs, out)
             values[".".join(path)] = out.to_numpy()[:total]
+        self._release_transient_scratch()
         if not isinstance(self.dtype, StructType):
             values = values[""]
         return offsets, values
@@ -109,6 +112,7 @@ class Transfer:
         lens_nd.from_numpy(lens.astype(np.int32))
         k_nd_to_lengths(self, lens_nd)
         self._release_transient_scratch()
+        self._known_empty = not total
 
     def to_lists(self):
         """Python lists (scalars), lists of numpy rows (vectors), or lists of dicts (structs)."""

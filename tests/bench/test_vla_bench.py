@@ -21,7 +21,7 @@ def test_bench_vla_runs_every_store_and_read_in_rounds(monkeypatch):
     rows, tuned = bench_distribution("heavy", 600, np.random.default_rng(1), 2, lambda: (10.0, 12.0), reuse=False,
                                      kernel_times=True, rounds=2)
     by = {r["store"]: r for r in rows}
-    assert {"padded", "dynamic", "vla (4,16)", "vla tuned ordered (0,1)"} <= set(by)
+    assert {"padded", "dynamic", vb.DEFAULT_STORE, "vla tuned ordered (0,1)"} <= set(by)
     assert tuned["runs"] == "bump"
     for name, r in by.items():
         assert r["rounds_n"] == 2 and len(r["rounds"]) == 2

@@ -715,7 +715,7 @@ def test_scratch_is_counted_and_the_growth_buffers_are_given_back():
     launch(k_fill_mod, v, 40 * n)   # more than the pool holds: the host compacts and grows it
     assert v.stats()["grow_events"] > 0
     st_ = v.stats()
-    snapshot = 4 * (n + 1)
+    snapshot = 4   # (filled from empty: no snapshot of the lengths, only the count of appends parked before it)
     block_sums = v._scanner.scratch_bytes()
     assert block_sums > 0
     assert st_["scratch_bytes"] == snapshot + block_sums + 1 * 4
@@ -728,6 +728,8 @@ def test_scratch_is_counted_and_the_growth_buffers_are_given_back():
     launch(k_fill_mod, v, 40 * n)
     assert v.stats()["scratch_bytes"] == snapshot + 4
     assert sorted_lists(v)[7] == list(range(7, 40 * n, n))
+    launch(k_fill_mod, v, n)   # on lists that hold elements: a snapshot of every length to roll back to
+    assert v._scratch["launch_snapshot"].shape == (n + 1,)
 
 
 def test_trim_releases_and_keeps_contents():
