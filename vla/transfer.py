@@ -48,8 +48,10 @@ class Transfer:
         return lengths
 
     def to_csr(self):
-        """(offsets int64 (num_arrays+1,), values): values is an ndarray, or a dict of ndarrays keyed by struct
-        member ('a.b' for nested members). Commits first; packed on the device, so only live elements are copied."""
+        """(offsets int32 (num_arrays+1,), values): values is an ndarray, or a dict of ndarrays keyed by struct
+        member ('a.b' for nested members). Commits first; packed on the device, so only live elements are copied.
+        (A VLA's slots are 32-bit indices, so int32 offsets hold any VLA; they come from the device as they are,
+        without a conversion on the host.)"""
         self.commit()
         self._check_complete("to_csr")
         n = self.num_arrays
@@ -57,7 +59,7 @@ class Transfer:
         k_lengths_to_nd(self, lens)
         offs = self._scratch_nd("csr_offsets", n + 1)
         self._scanner.exclusive(lens, n, offs)
-        offsets = offs.to_numpy().astype(np.int64)
+        offsets = offs.to_numpy()
         total = int(offsets[-1])
         values = {}
         for path, ldt in self._leaves:

@@ -294,7 +294,7 @@ def test_csr_roundtrip_lists_and_read_paths():
     v = VLA(50, ti.i32, inline_capacity=3, chunk_size=8, name="csr")
     v.from_csr(offsets, values)
     off2, val2 = v.to_csr()
-    assert off2.dtype == np.int64 and off2.shape == (51,)
+    assert off2.dtype == np.int32 and off2.shape == (51,)
     np.testing.assert_array_equal(off2, offsets)
     np.testing.assert_array_equal(val2, values)  # from_csr keeps order; to_csr returns it
     lists = v.to_lists()
