@@ -70,13 +70,14 @@ def _cell_length(cells: ti.template(), h):
 
 
 @ti.kernel
-def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.template()):
+def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.template(), dt: ti.f32):
     """Empty every cell, append every body index to its cell's list (grid.cells: VLA of i32 with
     grid.table_size lists), then sort the bodies by cell into grid.body_order.
 
     The loops of one launch run one after the other. The order needs only each body's bucket and the slot
     its append returned plus the cell lengths, all of which are right even when an append overflowed the
-    VLA (vla.launch then re-runs the whole kernel after growing it)."""
+    VLA (vla.launch then re-runs the whole kernel after growing it). Also each body's reach over the step
+    (grid.body_reach)."""
     for c in range(grid.table_size):
         grid.cells.clear(c)
     grid.large_count[None] = 0
@@ -87,6 +88,10 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         p = state.body_pos[i]
         r = model.body_radius[i]
         grid.body_sphere[i] = ti.Vector([p[0], p[1], p[2], r])
+        reach = 0.0
+        if model.body_inv_mass[i] > 0.0:
+            reach = dt * (state.body_vel[i].norm() + model.gravity[None].norm() * dt + state.body_omega[i].norm() * r)
+        grid.body_reach[i] = reach
         h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
         grid.body_bucket[i] = h
         grid.body_slot[i] = grid.cells.append(h, i)
@@ -100,7 +105,8 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
 @ti.kernel
 def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
     """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists bodies j whose
-    bounding spheres come within the contact margin of body i = grid.body_order[t], each pair once (in the
+    bounding spheres come within the contact margin and the two bodies' reach over the step (grid.body_reach:
+    speculative contacts, below) of body i = grid.body_order[t], each pair once (in the
     list of whichever body finds it, see the half-neighbourhood below; j may be < i), and -1 - k for each
     plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
 
@@ -128,10 +134,11 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         ri = si[3]
         shape_i = model.body_shape[i]
         fixed_i = model.body_inv_mass[i] == 0.0
+        reach_i = grid.body_reach[i]
         if not fixed_i:
             for k in range(model.plane_count[None]):
                 # no point of the body can be deeper than its bounding sphere
-                if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -margin:
+                if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -margin - reach_i:
                     grid.pairs.append(grid.pair_list(shape_i, t), -1 - k)
         c = grid_cell_of(pi_, cs)
         # Half the neighbourhood: the own cell (pairs j > i) and the 13 cells whose offset (dz, dy, dx) is
@@ -143,7 +150,8 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             for s in range(grid.cells.length(h)):
                 j = grid.cells.get(h, s)
                 sj = grid.body_sphere[j]
-                near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + margin
+                near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + margin + reach_i + \
+                    grid.body_reach[j]
                 # (pairs with a large body come from the last loop)
                 if near and (nb > 13 or j > i) and ti.max(ri, sj[3]) <= large_r:
                     ok = True
@@ -159,7 +167,8 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # each pair once: a body that is not large lists its pairs with every large one; of two large bodies, the
         # one of lower index
         if i != big and (si[3] <= large_r or i < big):
-            if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + margin:
+            if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + margin + \
+                    grid.body_reach[i] + grid.body_reach[big]:
                 if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
                     grid.pairs.append(grid.pair_list(model.body_shape[i] + model.body_shape[big], t), big)
 
@@ -203,6 +212,12 @@ class Grid:
         # (position m, bounding radius m) of each body, written with its bucket: the candidate-pair pass tests
         # ~40 neighbours a body, and reads each one's sphere in one 16-byte load instead of two fields
         self.body_sphere = ti.Vector.field(4, ti.f32, n)
+        # How far any point of a body can move in the step (m): dt (|v| + |g| dt + |w| r), 0 for fixed bodies. A
+        # pair is a candidate, and its manifold keeps speculative contacts, out to the contact margin plus both
+        # reaches, so a fast body meets what lies in its path before it can pass through it (a 5 cm sphere at
+        # 50 m/s moves 10 cm a step at dt = 2 ms). The grid's cells do not grow with it: a pair of small bodies
+        # further apart than the neighbouring cells is not found.
+        self.body_reach = ti.field(ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
         # the large bodies of this step (kernel_grid_insert; app.sim.model.grid_radius), stored indices
         self.large_ids = ti.field(ti.i32, MAX_LARGE_BODIES)
@@ -253,15 +268,15 @@ class Grid:
         empties only the first body_count lists of each class)."""
         self.pairs.clear_all()
 
-    def build(self, model, state, batch=None):
+    def build(self, model, state, dt, batch=None):
         """Rebuild the cell lists and body_order from the current positions (through vla.launch: no body is
         ever lost; the kernel empties the cells before filling them, so a re-run needs no roll back). With a
         vla.Batch, through it instead: the caller checks the batch (done(), or first_failure() several steps
         later, see app.sim.Simulation.advance) and builds again without one if it failed."""
         from vla import launch
 
-        (batch.launch if batch is not None else launch)(kernel_grid_insert, model, state, self, vlas=[self.cells],
-                                                         rollback=False)
+        (batch.launch if batch is not None else launch)(kernel_grid_insert, model, state, self, dt,
+                                                         vlas=[self.cells], rollback=False)
 
     def stats(self) -> dict:
         s = dict(self.cells.stats())

@@ -304,7 +304,7 @@ class Simulation:
         """Launch one step (see advance) without reading anything back; its batch is tagged with its number."""
         self.contacts.flip()
         self._batch.begin(self.step_count)
-        self.grid.build(self.model, self.state, self._batch)
+        self.grid.build(self.model, self.state, self.dt, self._batch)
         find_contacts(self.model, self.state, self.grid, self.contacts, self.diagnostics, self.dt, self._batch)
         self._solve()
         self._unchecked += 1
@@ -332,7 +332,7 @@ class Simulation:
             self.step_count = f
             self.vla_regrowths += 1
             self.contacts.flip()
-            self.grid.build(self.model, self.state)
+            self.grid.build(self.model, self.state, self.dt)
             find_contacts(self.model, self.state, self.grid, self.contacts, self.diagnostics, self.dt)
             self._solve()
             self._unchecked = 0
@@ -350,7 +350,7 @@ class Simulation:
         contact and its impulses; the motion is the same to the last bit. Device work only: the host's order
         (scene_of) is read back from model.body_id when next needed."""
         if not self._grid_order_current:
-            self.grid.build(self.model, self.state)
+            self.grid.build(self.model, self.state, self.dt)
         resort_bodies(self.builder, self.model, self.state, self.contacts, self.diagnostics, self.reorder,
                       self.grid.body_order, self.body_count)
         self._grid_order_current = False   # body_order holds the old indices

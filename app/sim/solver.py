@@ -30,7 +30,7 @@ per pair when it appends the pair's two copies (app.sim.narrowphase._emit_contac
 import taichi as ti
 
 from app.sim.contacts import first_copy, record_normal, skipping
-from app.sim.integrator import gyroscopic_step, kernel_integrate
+from app.sim.integrator import kernel_integrate
 from app.sim.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
 from app.sim.solver_records import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion,
                                     unpack_body, unpack_motion)
@@ -117,7 +117,7 @@ def angular_scale(inv_inertia_d):
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
                    solver: ti.template(), contacts: ti.template(), diagnostics: ti.template(), dt: ti.f32):
-    """Per body: apply gravity, the gyroscopic term (app.sim.integrator.gyroscopic_step) and the warm-start impulses
+    """Per body: apply gravity and the warm-start impulses
     its contacts already carry (the narrowphase set them, and each restitution target, from last step's lists:
     app.sim.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
     appended them (any order gives the same motion: see FIXED_ONE).
@@ -150,7 +150,6 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         wi = state.body_omega[i]
         if inv_m > 0.0:
             vi = vi + g * dt
-            wi = gyroscopic_step(wi, R, model.body_inv_inertia[i], dt)
         scale = fixed_scale(inv_m)
         scale_w = angular_scale(bi.inv_inertia_d)
         P_sum = ivec3(0)

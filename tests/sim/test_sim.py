@@ -129,7 +129,7 @@ def test_padded_overflow_is_counted_and_reported(padded_sim, capsys):
 
     before = sim.contacts.overflowed()
     sim.contacts.flip()
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     once = sim.contacts.overflowed() - before
     assert once > 0
@@ -153,7 +153,7 @@ def test_contact_geometry_by_hand(sim):
                                          "material": "m"}]})
     sim.load(scene)
     sim.contacts.begin_step(sim.body_count)
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     from app.sim.narrowphase import find_contacts
     find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     offsets, values = sim.contacts.lists.to_csr()
@@ -986,7 +986,7 @@ def _contact_set(sim):
     from app.sim.narrowphase import find_contacts
 
     sim.contacts.begin_step(sim.body_count)
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     offsets, values = sim.contacts.lists.to_csr()
     base = sim.contacts.base
@@ -1098,7 +1098,7 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
     for _ in range(300):  # landed: many lists with several records, and a previous generation to warm-start from
         sim.step()
     sim.contacts.flip()
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     st = sim.state
     fields = (st.body_pos, st.body_quat, st.body_vel, st.body_omega)
@@ -1146,7 +1146,7 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
     for _ in range(300):
         sim.step()
     sim.contacts.flip()
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     find_contacts(sim.model, sim.state, sim.grid, sim.contacts, sim.diagnostics, sim.dt)
     lists, c = sim.contacts.lists, sim.contacts
     offsets, cur = lists.to_csr()
@@ -1406,13 +1406,13 @@ def test_solver_records_pack_into_words_bit_for_bit(sim):
 
 def test_candidate_pairs_match_brute_force(sim):
     # grid.pairs against an O(n^2) numpy reference: every pair whose bounding spheres come within the
-    # contact margin, exactly once (in either body's list: the half neighbourhood), in a list of its class
+    # contact margin and the two bodies' reach over the step, exactly once (in either body's list: the half neighbourhood), in a list of its class
     # (number of boxes); and every plane within reach of a body's bounding sphere (class = the body's shape),
     # in that body's list.
     sim.load(_small_pile("vla"))
     for _ in range(400):  # landed (a 1.6 m fall takes 0.57 s = 285 steps)
         sim.step()
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     from app.sim.broadphase import kernel_candidate_pairs
     from vla import launch
 
@@ -1444,10 +1444,15 @@ def _assert_pairs_match_brute_force(sim):
     rad = shapes["radius"].astype(np.float64)
     shape = shapes["shape"]
     margin = float(sim.model.contact_margin[None])
+    fixed = shapes["fixed"]
+    # how far each body can move in the step (speculative contacts: app.sim.broadphase, Grid.body_reach)
+    g = np.linalg.norm(sim.model.gravity[None].to_numpy().astype(np.float64))
+    step = sim.dt * (np.linalg.norm(sim.velocities(), axis=1) + g * sim.dt
+                     + np.linalg.norm(sim.angular_velocities(), axis=1) * rad)
+    step[fixed] = 0.0
     ref = set()
     d = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=2)
-    reach = rad[:, None] + rad[None, :] + margin
-    fixed = shapes["fixed"]
+    reach = rad[:, None] + rad[None, :] + margin + step[:, None] + step[None, :]
     for i, j in zip(*np.nonzero(np.triu(d <= reach, 1))):
         if not (fixed[i] and fixed[j]):  # two fixed bodies never collide
             ref.add((int(shape[i] + shape[j]), int(i), int(j)))
@@ -1456,7 +1461,7 @@ def _assert_pairs_match_brute_force(sim):
     offs = sim.model.plane_offset.to_numpy()[:k_planes].astype(np.float64)
     for i in range(n):
         for k in range(k_planes):
-            if not fixed[i] and offs[k] - normals[k] @ pos[i] + rad[i] > -margin:  # fixed bodies skip planes
+            if not fixed[i] and offs[k] - normals[k] @ pos[i] + rad[i] > -margin - step[i]:  # (fixed: no planes)
                 ref.add((int(shape[i]), i, -1 - k))
     # float32 on the device vs float64 here: only pairs within 1e-5 m of the threshold may differ
     near = {(c, i, j) for c, i, j in got ^ ref
@@ -1504,7 +1509,7 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
     for steps in (0, 250):   # as placed, then with the small bodies landed on the large ones and the floor
         for _ in range(steps):
             sim.step()
-        sim.grid.build(sim.model, sim.state)
+        sim.grid.build(sim.model, sim.state, sim.dt)
         launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
         ref = _assert_pairs_match_brute_force(sim)
         large_small = {(i, j) for _, i, j in ref if j >= 0 and (i < 5) != (j < 5)}
@@ -1518,7 +1523,7 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
     sim.load(scene_from_dict(raw))
     assert sim.builder.large_body_count() == 0
     assert float(sim.model.grid_large_radius[None]) == pytest.approx(float(radius.max()))
-    sim.grid.build(sim.model, sim.state)
+    sim.grid.build(sim.model, sim.state, sim.dt)
     launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
     assert {(i, j) for _, i, j in _assert_pairs_match_brute_force(sim)} >= {(4, j) for j in range(5, 9)}
 
