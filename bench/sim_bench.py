@@ -93,6 +93,12 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
         resort_ms = 1e3 * (time.perf_counter() - t0)
     st = sim.contacts.stats()
     grid = sim.grid.stats()
+    # how well it holds still: the top body's displacement since the scene put it there (a pyramid's top drift),
+    # and the fastest body at the end (resting speed)
+    p0 = scene.bodies["position"]
+    top = int(p0[:, 1].argmax())
+    top_drift = float(((sim.positions()[top].astype(float) - p0[top]) ** 2).sum() ** 0.5)
+    speed_end = float((sim.velocities().astype(float) ** 2).sum(axis=1).max() ** 0.5)
     return {
         "scene": scene.name, "storage": storage, "bodies": sim.body_count, "warmup_steps": warm,
         "warmup_seconds": t_warm, "steps": steps, "wall_time": wall, "ms_per_step": 1e3 * wall / steps,
@@ -105,7 +111,8 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
         # contacts the padded/dynamic storage dropped over the whole run (warm-up + timed steps), and in the
         # timed steps alone
         "padded_overflow": sim.contacts.overflowed(), "padded_overflow_timed": sim.contacts.overflowed() - dropped0,
-        "overrides": list(overrides),
+        "overrides": list(overrides), "top_drift_m": top_drift, "max_speed_end": speed_end,
+        "sim_seconds": (warm + steps) * scene.sim["dt"],
     }
 
 
@@ -172,12 +179,13 @@ def summarize(rows) -> list:
 
 def _table(rows) -> str:
     out = ["| scene | bodies | storage | ms/step | with resorts: ms/step (resort ms / interval) | steps/s | contacts | "
-           "contact memory (MiB) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "contact memory (MiB) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) | "
+           "top body moved (m) | fastest body at the end (m/s) |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded" and "error" not in r}
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | | |")
+            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | | | | |")
             continue
         p = padded.get((r["scene"], r["bodies"]))
         speed = f"{p['ms_per_step'] / r['ms_per_step']:.2f}x" if p else "-"
@@ -191,7 +199,8 @@ def _table(rows) -> str:
             f"{r['ms_per_step_with_resort']:.2f} ({r['resort_ms']:.1f} / {r['resort_interval']})"
         out.append(f"| {r['scene']} | {r['bodies']} | {r['storage']} | {ms} | {resort} | "
                    f"{r['steps_per_second']:.1f} | {r['contacts_at_end']} | {r['contact_reserved_bytes'] / 2**20:.1f} | "
-                   f"{speed} | {mem} | {r['padded_overflow']} / {r.get('padded_overflow_timed', '-')} |")
+                   f"{speed} | {mem} | {r['padded_overflow']} / {r.get('padded_overflow_timed', '-')} | "
+                   f"{r.get('top_drift_m', float('nan')):.4f} | {r.get('max_speed_end', float('nan')):.2e} |")
     return "\n".join(out) + "\n"
 
 

@@ -193,15 +193,28 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
             acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
     elif kind == "pyramid":
         levels = _num(ctx, f"{key}.levels", g.get("levels"), integer=True, low=1)
-        ctx.take_bodies(f"{key}.levels", levels * (levels + 1) // 2)
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
         gap = _num(ctx, f"{key}.gap", g.get("gap", 0.0), nonneg=True)
+        # copies: [nx, nz] pyramids on a grid in the x-z plane, copy_spacing apart (m, centre to centre; default:
+        # the base's width plus one body, along x, and 4 bodies along z)
+        copies = _vec(ctx, f"{key}.copies", g.get("copies", [1, 1]), 2, positive=True, integer=True)
+        w = 2 * ext[0] + gap
+        base = levels * w
+        default_spacing = [base + 2 * ext[0], 8 * ext[2]]
+        spacing = _vec(ctx, f"{key}.copy_spacing", g.get("copy_spacing", default_spacing), 2, positive=True)
+        if copies[0] > 1 and spacing[0] < base or copies[1] > 1 and spacing[1] < 2 * ext[2]:
+            ctx.fail(f"{key}.copy_spacing", f"at least the pyramid's base ({base:.4g} m) along x and one body "
+                                            f"({2 * ext[2]:.4g} m) along z, so that copies do not overlap", spacing)
+        ctx.take_bodies(f"{key}.levels", levels * (levels + 1) // 2 * copies[0] * copies[1])
         # A 2-D pyramid in the x-y plane: level k has levels-k bodies, offset by half a body. `gap` separates
         # neighbours within a level; levels rest exactly on each other.
-        w = 2 * ext[0] + gap
-        for k in range(levels):
-            n = levels - k
-            for c in range(n):
-                x = (c - (n - 1) / 2.0) * w
-                p = origin + np.array([x, ext[1] + k * 2 * ext[1], 0.0])
-                acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
+        for cz in range(copies[1]):
+            for cx in range(copies[0]):
+                o = origin + np.array([(cx - (copies[0] - 1) / 2.0) * spacing[0], 0.0,
+                                       (cz - (copies[1] - 1) / 2.0) * spacing[1]])
+                for k in range(levels):
+                    n = levels - k
+                    for c in range(n):
+                        x = (c - (n - 1) / 2.0) * w
+                        p = o + np.array([x, ext[1] + k * 2 * ext[1], 0.0])
+                        acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)

@@ -50,7 +50,7 @@ GEN_KEYS = {
     "grid": GEN_COMMON | {"count", "origin", "spacing", "jitter", "random_orientation"},
     "random": GEN_COMMON | {"count", "min", "max", "box_fraction", "size_jitter", "materials",
                             "random_orientation"},
-    "pyramid": GEN_COMMON | {"levels", "origin", "gap"},
+    "pyramid": GEN_COMMON | {"levels", "origin", "gap", "copies", "copy_spacing"},
     "stack": GEN_COMMON | {"count", "origin", "gap"},
 }
 
