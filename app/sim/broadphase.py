@@ -105,8 +105,8 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
 @ti.kernel
 def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
     """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists bodies j whose
-    bounding spheres come within the contact margin and the two bodies' reach over the step (grid.body_reach:
-    speculative contacts, below) of body i = grid.body_order[t], each pair once (in the
+    bounding spheres come within the larger of the contact margin and the two bodies' reach over the step
+    (grid.body_reach: speculative contacts, below) of body i = grid.body_order[t], each pair once (in the
     list of whichever body finds it, see the half-neighbourhood below; j may be < i), and -1 - k for each
     plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
 
@@ -138,7 +138,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         if not fixed_i:
             for k in range(model.plane_count[None]):
                 # no point of the body can be deeper than its bounding sphere
-                if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -margin - reach_i:
+                if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -ti.max(margin, reach_i):
                     grid.pairs.append(grid.pair_list(shape_i, t), -1 - k)
         c = grid_cell_of(pi_, cs)
         # Half the neighbourhood: the own cell (pairs j > i) and the 13 cells whose offset (dz, dy, dx) is
@@ -150,8 +150,8 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             for s in range(grid.cells.length(h)):
                 j = grid.cells.get(h, s)
                 sj = grid.body_sphere[j]
-                near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + margin + reach_i + \
-                    grid.body_reach[j]
+                near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + \
+                    ti.max(margin, reach_i + grid.body_reach[j])
                 # (pairs with a large body come from the last loop)
                 if near and (nb > 13 or j > i) and ti.max(ri, sj[3]) <= large_r:
                     ok = True
@@ -167,8 +167,8 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # each pair once: a body that is not large lists its pairs with every large one; of two large bodies, the
         # one of lower index
         if i != big and (si[3] <= large_r or i < big):
-            if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + margin + \
-                    grid.body_reach[i] + grid.body_reach[big]:
+            if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
+                    ti.max(margin, grid.body_reach[i] + grid.body_reach[big]):
                 if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
                     grid.pairs.append(grid.pair_list(model.body_shape[i] + model.body_shape[big], t), big)
 
@@ -213,10 +213,12 @@ class Grid:
         # ~40 neighbours a body, and reads each one's sphere in one 16-byte load instead of two fields
         self.body_sphere = ti.Vector.field(4, ti.f32, n)
         # How far any point of a body can move in the step (m): dt (|v| + |g| dt + |w| r), 0 for fixed bodies. A
-        # pair is a candidate, and its manifold keeps speculative contacts, out to the contact margin plus both
-        # reaches, so a fast body meets what lies in its path before it can pass through it (a 5 cm sphere at
-        # 50 m/s moves 10 cm a step at dt = 2 ms). The grid's cells do not grow with it: a pair of small bodies
-        # further apart than the neighbouring cells is not found.
+        # pair is a candidate, and its manifold keeps speculative contacts, out to the larger of the contact
+        # margin and the two reaches together (no closer pair can meet within the step), so a fast body meets what
+        # lies in its path before it can pass through it (a 5 cm sphere at 50 m/s moves 10 cm a step at dt = 2
+        # ms), while bodies slower than a margin a step get no more contacts than the margin gives (the sum
+        # instead made a landed 1M-body pile 12% more contacts and 9% slower on an H100). The grid's cells do not
+        # grow with it: a pair of small bodies further apart than the neighbouring cells is not found.
         self.body_reach = ti.field(ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
         # the large bodies of this step (kernel_grid_insert; app.sim.model.grid_radius), stored indices

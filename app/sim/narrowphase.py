@@ -521,11 +521,12 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
     """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
     plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
     i, jj = _ordered_pair(model, grid, t, j)
-    # speculative contacts out to how far the two bodies can close in the step (app.sim.broadphase: body_reach)
+    # speculative contacts out to how far the two bodies can close in the step, at least the margin
+    # (app.sim.broadphase: body_reach)
     reach = grid.body_reach[i]
     if jj >= 0:
         reach += grid.body_reach[jj]
-    m = _pair_manifold(model, state, i, jj, margin + reach, cls)
+    m = _pair_manifold(model, state, i, jj, ti.max(margin, reach), cls)
     _emit_contacts(model, state, lists, base, prev_base, dt, diagnostics, i, jj, m)
 
 

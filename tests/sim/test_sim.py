@@ -1406,7 +1406,7 @@ def test_solver_records_pack_into_words_bit_for_bit(sim):
 
 def test_candidate_pairs_match_brute_force(sim):
     # grid.pairs against an O(n^2) numpy reference: every pair whose bounding spheres come within the
-    # contact margin and the two bodies' reach over the step, exactly once (in either body's list: the half neighbourhood), in a list of its class
+    # larger of the contact margin and the two bodies' reach over the step, exactly once (in either body's list: the half neighbourhood), in a list of its class
     # (number of boxes); and every plane within reach of a body's bounding sphere (class = the body's shape),
     # in that body's list.
     sim.load(_small_pile("vla"))
@@ -1452,7 +1452,7 @@ def _assert_pairs_match_brute_force(sim):
     step[fixed] = 0.0
     ref = set()
     d = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=2)
-    reach = rad[:, None] + rad[None, :] + margin + step[:, None] + step[None, :]
+    reach = rad[:, None] + rad[None, :] + np.maximum(margin, step[:, None] + step[None, :])
     for i, j in zip(*np.nonzero(np.triu(d <= reach, 1))):
         if not (fixed[i] and fixed[j]):  # two fixed bodies never collide
             ref.add((int(shape[i] + shape[j]), int(i), int(j)))
@@ -1461,7 +1461,7 @@ def _assert_pairs_match_brute_force(sim):
     offs = sim.model.plane_offset.to_numpy()[:k_planes].astype(np.float64)
     for i in range(n):
         for k in range(k_planes):
-            if not fixed[i] and offs[k] - normals[k] @ pos[i] + rad[i] > -margin - step[i]:  # (fixed: no planes)
+            if not fixed[i] and offs[k] - normals[k] @ pos[i] + rad[i] > -max(margin, step[i]):  # (fixed: none)
                 ref.add((int(shape[i]), i, -1 - k))
     # float32 on the device vs float64 here: only pairs within 1e-5 m of the threshold may differ
     near = {(c, i, j) for c, i, j in got ^ ref
