@@ -112,6 +112,7 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
         # timed steps alone
         "padded_overflow": sim.contacts.overflowed(), "padded_overflow_timed": sim.contacts.overflowed() - dropped0,
         "overrides": list(overrides), "top_drift_m": top_drift, "max_speed_end": speed_end,
+        "asleep_at_end": int(sim.sleeping().sum()),
         "sim_seconds": (warm + steps) * scene.sim["dt"],
     }
 
@@ -180,12 +181,12 @@ def summarize(rows) -> list:
 def _table(rows) -> str:
     out = ["| scene | bodies | storage | ms/step | with resorts: ms/step (resort ms / interval) | steps/s | contacts | "
            "contact memory (MiB) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) | "
-           "top body moved (m) | fastest body at the end (m/s) |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "top body moved (m) | fastest body at the end (m/s) | asleep at the end |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded" and "error" not in r}
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | | | | |")
+            out.append(f"| {r['scene']} | | {r['storage']} | failed: {r['error']} | | | | | | | | | | |")
             continue
         p = padded.get((r["scene"], r["bodies"]))
         speed = f"{p['ms_per_step'] / r['ms_per_step']:.2f}x" if p else "-"
@@ -200,7 +201,8 @@ def _table(rows) -> str:
         out.append(f"| {r['scene']} | {r['bodies']} | {r['storage']} | {ms} | {resort} | "
                    f"{r['steps_per_second']:.1f} | {r['contacts_at_end']} | {r['contact_reserved_bytes'] / 2**20:.1f} | "
                    f"{speed} | {mem} | {r['padded_overflow']} / {r.get('padded_overflow_timed', '-')} | "
-                   f"{r.get('top_drift_m', float('nan')):.4f} | {r.get('max_speed_end', float('nan')):.2e} |")
+                   f"{r.get('top_drift_m', float('nan')):.4f} | {r.get('max_speed_end', float('nan')):.2e} | "
+                   f"{r.get('asleep_at_end', '-')} |")
     return "\n".join(out) + "\n"
 
 

@@ -119,7 +119,7 @@ def validate(data: dict, path="<dict>") -> Scene:
             sim[k] = None if v is None else float(_num(ctx, key, v, nonneg=True))
         elif k in ("position_correction", "warm_start"):
             sim[k] = float(_num(ctx, key, v, nonneg=True, high=1.0))
-        elif k in ("restitution_threshold",):
+        elif k in ("restitution_threshold", "sleep_speed", "sleep_time"):
             sim[k] = float(_num(ctx, key, v, nonneg=True))
         elif k in ("max_speed", "penetration_limit"):
             sim[k] = float(_num(ctx, key, v, positive=True))

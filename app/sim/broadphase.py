@@ -29,6 +29,7 @@ Simulation.scene_of).
 import taichi as ti
 
 from app.sim.model import MAX_LARGE_BODIES
+from app.sim.state import asleep, asleep_by_time
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
@@ -92,6 +93,7 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         if model.body_inv_mass[i] > 0.0:
             reach = dt * (state.body_vel[i].norm() + model.gravity[None].norm() * dt + state.body_omega[i].norm() * r)
         grid.body_reach[i] = reach
+        state.body_woken[i] = 0
         h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
         grid.body_bucket[i] = h
         grid.body_slot[i] = grid.cells.append(h, i)
@@ -102,13 +104,66 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         grid.body_order[grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]] = i
 
 
+# Rounds of waking per step (kernel_wake_touched): a sleeping body touched by a moving one wakes, and so do up to
+# WAKE_ROUNDS - 1 layers of sleeping bodies touching it, in the same step (a hit on a resting row of balls reaches
+# its far end within the step, where a sleeper left asleep would stand as a wall); deeper layers wake in the
+# steps after, as the motion reaches them.
+WAKE_ROUNDS = 4
+
+
+@ti.func
+def _wake_neighbours(model: ti.template(), state: ti.template(), grid: ti.template(), i, mark):
+    """Mark (state.body_woken = mark) every sleeping body whose bounding sphere touches body i's, within the larger
+    of the contact margin and the two reaches (the candidate-pair test)."""
+    si = grid.body_sphere[i]
+    pi_ = ti.Vector([si[0], si[1], si[2]])
+    margin = model.contact_margin[None]
+    reach_i = grid.body_reach[i]
+    c = grid_cell_of(pi_, model.grid_cell_size[None])
+    for nb in range(27):
+        h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
+        for s in range(grid.cells.length(h)):
+            j = grid.cells.get(h, s)
+            sj = grid.body_sphere[j]
+            if state.body_woken[j] == 0 and asleep_by_time(model, state, j):
+                if (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= si[3] + sj[3] + \
+                        ti.max(margin, reach_i + grid.body_reach[j]):
+                    state.body_woken[j] = mark
+    for q in range(grid.large_count[None]):
+        j = grid.large_ids[q]
+        sj = grid.body_sphere[j]
+        if j != i and state.body_woken[j] == 0 and asleep_by_time(model, state, j):
+            if (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= si[3] + sj[3] + ti.max(margin, reach_i):
+                state.body_woken[j] = mark
+
+
+@ti.kernel
+def kernel_wake_touched(model: ti.template(), state: ti.template(), grid: ti.template()):
+    """Wake, for this step, the sleeping bodies that a moving body touches (app.sim.state.asleep): round 0 from
+    every awake body faster than model.sleep_speed, round r from the bodies round r - 1 woke (state.body_woken =
+    round + 1), WAKE_ROUNDS rounds (its top-level loops run one after the other). Before the candidate pairs,
+    which then pair the woken bodies with everything they touch. A large body's sleeping neighbours are left to
+    the narrowphase's check (app.sim.narrowphase._wake_if_touched). Nothing when sleeping is off."""
+    n = ti.select(model.sleep_speed[None] > 0.0, model.body_count[None], 0)
+    for i in range(n):
+        if model.body_inv_mass[i] > 0.0 and not asleep_by_time(model, state, i) and \
+                grid.body_sphere[i][3] <= model.grid_large_radius[None]:
+            if state.body_vel[i].norm() + state.body_omega[i].norm() * grid.body_sphere[i][3] > \
+                    model.sleep_speed[None]:
+                _wake_neighbours(model, state, grid, i, 1)
+    for r in ti.static(range(1, WAKE_ROUNDS)):
+        for i in range(n):
+            if state.body_woken[i] == r and grid.body_sphere[i][3] <= model.grid_large_radius[None]:
+                _wake_neighbours(model, state, grid, i, r + 1)
+
+
 @ti.kernel
 def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
     """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists bodies j whose
     bounding spheres come within the larger of the contact margin and the two bodies' reach over the step
     (grid.body_reach: speculative contacts, below) of body i = grid.body_order[t], each pair once (in the
     list of whichever body finds it, see the half-neighbourhood below; j may be < i), and -1 - k for each
-    plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
+    plane k within reach of i's bounding sphere (never for fixed or sleeping bodies, nor for two of them).
 
     A cheap, uniform pass: finding candidates and computing contact geometry are separate kernels because
     in one thread per body the warp's 32 threads meet their heavy box-box pairs at different loop
@@ -133,7 +188,9 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         pi_ = ti.Vector([si[0], si[1], si[2]])
         ri = si[3]
         shape_i = model.body_shape[i]
-        fixed_i = model.body_inv_mass[i] == 0.0
+        # fixed, or asleep (app.sim.state.asleep_by_time): such a body needs no pair with another still one, nor
+        # with a plane
+        fixed_i = model.body_inv_mass[i] == 0.0 or asleep(model, state, i)
         reach_i = grid.body_reach[i]
         if not fixed_i:
             for k in range(model.plane_count[None]):
@@ -155,8 +212,8 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                 # (pairs with a large body come from the last loop)
                 if near and (nb > 13 or j > i) and ti.max(ri, sj[3]) <= large_r:
                     ok = True
-                    if fixed_i:   # (a branch: Taichi evaluates both sides of `and`, and fixed bodies are rare)
-                        ok = model.body_inv_mass[j] != 0.0
+                    if fixed_i:   # (a branch: Taichi evaluates both sides of `and`)
+                        ok = model.body_inv_mass[j] != 0.0 and not asleep(model, state, j)
                     if ok:
                         grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
     for t, q in ti.ndrange(n, grid.large_count[None]):
@@ -169,7 +226,8 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         if i != big and (si[3] <= large_r or i < big):
             if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
                     ti.max(margin, grid.body_reach[i] + grid.body_reach[big]):
-                if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
+                still_i = model.body_inv_mass[i] == 0.0 or asleep(model, state, i)
+                if not still_i or (model.body_inv_mass[big] != 0.0 and not asleep(model, state, big)):
                     grid.pairs.append(grid.pair_list(model.body_shape[i] + model.body_shape[big], t), big)
 
 
@@ -279,6 +337,7 @@ class Grid:
 
         (batch.launch if batch is not None else launch)(kernel_grid_insert, model, state, self, dt,
                                                          vlas=[self.cells], rollback=False)
+        kernel_wake_touched(model, state, self)
 
     def stats(self) -> dict:
         s = dict(self.cells.stats())

@@ -9,7 +9,8 @@ The rotation carries the solved angular momentum L through the step unchanged (r
 the torque-free part of Euler's equations (the gyroscopic term), exact for L, with the orientation advanced by the
 angular velocity at the half step (explicit midpoint on the rotation group), which keeps a free body's kinetic
 energy to O(dt^2) per step without drift. The pseudo velocities come from the split-impulse position correction
-and are dropped after this update. The integration pass also checks every body for NaN and explosions
+and are dropped after this update. A sleeping body (app.sim.state.asleep) stays where it is; every other body counts
+how long it has been slower than model.sleep_speed. The integration pass also checks every body for NaN and explosions
 (app.sim.diagnostics.check_body).
 """
 
@@ -18,6 +19,7 @@ import taichi as ti
 from app.sim.contacts import skipping
 from app.sim.diagnostics import check_body
 from app.sim.solver_records import unpack_motion
+from app.sim.state import asleep
 
 
 @ti.func
@@ -99,12 +101,21 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
         w = mo.w
         x = state_in.body_pos[i]
         q = state_in.body_quat[i]
-        if model.body_inv_mass[i] > 0.0:
+        slow = state_in.body_slow_time[i]
+        if asleep(model, state_in, i):
+            v = ti.Vector([0.0, 0.0, 0.0])
+            w = ti.Vector([0.0, 0.0, 0.0])
+            slow = ti.min(slow + dt, 2.0 * model.sleep_time[None])
+        elif model.body_inv_mass[i] > 0.0:
             x = x + (v + mo.pv) * dt
             q, w = rotate_keeping_momentum(q, w, mo.pw, model.body_inv_inertia[i], dt)
+            # sleeping: slow for sleep_time (a woken body starts counting again)
+            moving = v.norm() + w.norm() * model.body_radius[i] >= model.sleep_speed[None]
+            slow = ti.select(moving or state_in.body_woken[i] != 0, 0.0, ti.min(slow + dt, 2.0 * model.sleep_time[None]))
         else:
             v = ti.Vector([0.0, 0.0, 0.0])
             w = ti.Vector([0.0, 0.0, 0.0])
+        state_out.body_slow_time[i] = slow
         state_out.body_pos[i] = x
         state_out.body_quat[i] = q
         state_out.body_vel[i] = v

@@ -147,6 +147,8 @@ class Model:
         self.warm_start = ti.field(ti.f32, ())
         self.max_speed = ti.field(ti.f32, ())
         self.penetration_limit = ti.field(ti.f32, ())
+        self.sleep_speed = ti.field(ti.f32, ())
+        self.sleep_time = ti.field(ti.f32, ())
         self.grid_cell_size = ti.field(ti.f32, ())
         self.grid_large_radius = ti.field(ti.f32, ())
         self.host_body_count = 0   # body_count[None] on the host (reading the field would sync the device)
@@ -154,7 +156,7 @@ class Model:
 
 # Runtime parameters: the sim keys a Model holds in 0-d fields of the same name.
 PARAM_KEYS = ("gravity", "restitution_threshold", "slop", "contact_margin", "position_correction", "warm_start",
-              "max_speed", "penetration_limit")
+              "max_speed", "penetration_limit", "sleep_speed", "sleep_time")
 
 
 class ModelBuilder:

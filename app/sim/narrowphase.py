@@ -27,6 +27,7 @@ from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 from app.sim.model import NO_CLIP
+from app.sim.state import asleep
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -531,6 +532,16 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
 
 
 @ti.func
+def _wake_if_touched(model: ti.template(), state: ti.template(), a, va, wa, b):
+    """Wake body b for this step (state.body_woken) if it sleeps and body a, awake, moves faster than
+    model.sleep_speed (|v| + |w| r, at the start of the step): the pairs app.sim.broadphase.kernel_wake_touched
+    does not see (a large body's). A slow body leans on a sleeper as on a fixed body."""
+    if asleep(model, state, b) and not asleep(model, state, a):
+        if va.norm() + wa.norm() * model.body_radius[a] > model.sleep_speed[None]:
+            state.body_woken[b] = 1
+
+
+@ti.func
 def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
                    diagnostics: ti.template(), i, j, m):
     """Append manifold m of pair (i, j) (i the lower body id, see _ordered_pair; or j = -1 - plane) to both
@@ -556,6 +567,9 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             xj = state.body_pos[j]
             vj = state.body_vel[j] + ti.select(inv_j > 0.0, dt, 0.0) * g
             wj = state.body_omega[j]
+        if j >= 0:
+            _wake_if_touched(model, state, i, vi, wi, j)
+            _wake_if_touched(model, state, j, vj, wj, i)
         e = ti.max(model.material_restitution[model.body_material[i]],
                    model.material_restitution[_material_of(model, j)])
         # last step's record of this pair: in the list of a body the solver updates (a fixed body's copy is

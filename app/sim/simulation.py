@@ -256,13 +256,27 @@ class Simulation:
         self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
 
     def set_gravity(self, g):
-        """Gravity (m/s^2, a 3-vector), from the next step."""
+        """Gravity (m/s^2, a 3-vector), from the next step; wakes every body."""
         self.builder.set_param(self.model, "gravity", [float(x) for x in g])
+        self.wake()
 
     def set_material(self, index_or_name, friction=None, restitution=None):
-        """Change a material's friction / restitution live (takes effect next step)."""
+        """Change a material's friction / restitution live (takes effect next step); wakes every body."""
         idx = index_or_name if isinstance(index_or_name, int) else self.scene.material_index[index_or_name]
         self.builder.set_material(self.model, idx, friction=friction, restitution=restitution)
+        self.wake()
+
+    def wake(self):
+        """Wake every sleeping body (sleeping: sim.sleep_speed, sim.sleep_time; app.sim.state.asleep): after a change
+        that may move them (a parameter, an edit of the state's fields), from the next step."""
+        self.state.body_slow_time.fill(0.0)
+
+    def sleeping(self) -> np.ndarray:
+        """bool (N,), scene order: the bodies asleep (slow for sim.sleep_time) at the end of the last step."""
+        slow = self.to_scene_order(self.state.body_slow_time.to_numpy()[: self.body_count])
+        speed, limit = float(self.model.sleep_speed[None]), float(self.model.sleep_time[None])
+        movable = self.to_scene_order(self.model.body_inv_mass.to_numpy()[: self.body_count]) > 0
+        return (slow >= limit) & movable & (speed > 0)
 
     # ------------------------------------------------------------------ stepping
     # advance() reads back whether its steps' VLA commits sufficed every few steps (and at its end, and before a

@@ -31,6 +31,7 @@ import taichi as ti
 
 from app.sim.contacts import first_copy, record_normal, skipping
 from app.sim.integrator import kernel_integrate
+from app.sim.state import asleep
 from app.sim.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
 from app.sim.solver_records import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion,
                                     unpack_body, unpack_motion)
@@ -117,7 +118,8 @@ def angular_scale(inv_inertia_d):
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
                    solver: ti.template(), contacts: ti.template(), diagnostics: ti.template(), dt: ti.f32):
-    """Per body: apply gravity and the warm-start impulses
+    """Per body (a sleeping one stays still and counts as fixed: app.sim.state.asleep): apply gravity and the
+    warm-start impulses
     its contacts already carry (the narrowphase set them, and each restitution target, from last step's lists:
     app.sim.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
     appended them (any order gives the same motion: see FIXED_ONE).
@@ -141,13 +143,20 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         n = lists.length(li)
         R = quat_to_mat(state.body_quat[i])
         d, o = sym_pack(world_inv_inertia(R, model.body_inv_inertia[i]))
-        bi = SolverBody(pos=state.body_pos[i], inv_mass=model.body_inv_mass[i], inv_inertia_d=d, inv_inertia_o=o,
+        inv_mass = model.body_inv_mass[i]
+        vi = state.body_vel[i]
+        wi = state.body_omega[i]
+        if asleep(model, state, i):   # still, and fixed for the bodies it touches (app.sim.state.asleep)
+            inv_mass = 0.0
+            d = vec3(0.0)
+            o = vec3(0.0)
+            vi = vec3(0.0)
+            wi = vec3(0.0)
+        bi = SolverBody(pos=state.body_pos[i], inv_mass=inv_mass, inv_inertia_d=d, inv_inertia_o=o,
                         split=ti.cast(n, ti.f32), friction=model.material_friction[model.body_material[i]])
         solver.body[i] = pack_body(bi)
         inv_m = bi.inv_mass
         xi = bi.pos
-        vi = state.body_vel[i]
-        wi = state.body_omega[i]
         if inv_m > 0.0:
             vi = vi + g * dt
         scale = fixed_scale(inv_m)

@@ -5,7 +5,7 @@ import numpy as np
 import taichi as ti
 
 
-BODY_FIELDS = ("body_pos", "body_quat", "body_vel", "body_omega")
+BODY_FIELDS = ("body_pos", "body_quat", "body_vel", "body_omega", "body_slow_time")
 
 
 @ti.data_oriented
@@ -16,6 +16,9 @@ class State:
     body_quat: vec4 f32, unit quaternion (w, x, y, z), body-to-world rotation.
     body_vel: vec3 f32, m/s, linear velocity of the centre of mass.
     body_omega: vec3 f32, rad/s, angular velocity in world coordinates.
+    body_slow_time: f32, s, how long the body has been slower than model.sleep_speed; at model.sleep_time or more it
+        sleeps (asleep(), app.sim.integrator): it keeps still and costs (almost) nothing until something moving
+        touches it or Simulation.wake() is called.
     step: host int, the steps taken to reach this state (the solver sets state_out.step = state_in.step + 1).
 
     The viewer reads body_pos/body_quat directly in its own kernels to fill instance transforms.
@@ -28,12 +31,20 @@ class State:
         self.body_quat = ti.Vector.field(4, ti.f32, n)
         self.body_vel = ti.Vector.field(3, ti.f32, n)
         self.body_omega = ti.Vector.field(3, ti.f32, n)
+        self.body_slow_time = ti.field(ti.f32, n)
+        # this step's wake-ups (1: a moving body touches this sleeping one): cleared by the broadphase, set by the
+        # narrowphase, read by the solver and the integrator of the same step; not state between steps
+        self.body_woken = ti.field(ti.i32, n)
         self.step = 0
 
     def set_rows(self, start: int, position, orientation, velocity, angular_velocity):
-        """Write rows [start, start+len) from numpy arrays; keeps rows < start (read back first)."""
+        """Write rows [start, start+len) from numpy arrays, awake; keeps rows < start (read back first)."""
         k = len(position)
         cur = self.to_numpy(start) if start > 0 else None
+        slow = np.zeros(self.body_capacity, np.float32)
+        if cur is not None:
+            slow[:start] = cur["body_slow_time"]
+        self.body_slow_time.from_numpy(slow)
         for name, new, width in (("body_pos", position, 3), ("body_quat", orientation, 4), ("body_vel", velocity, 3),
                                  ("body_omega", angular_velocity, 3)):
             out = np.zeros((self.body_capacity, width), np.float32)
@@ -46,3 +57,18 @@ class State:
 
     def to_numpy(self, count: int) -> dict:
         return {name: getattr(self, name).to_numpy()[:count] for name in BODY_FIELDS}
+
+
+@ti.func
+def asleep_by_time(model, state, i):
+    """Whether movable body i has been slower than model.sleep_speed for model.sleep_time (sleep_speed 0: never).
+    Asleep this step unless woken (asleep())."""
+    return model.sleep_speed[None] > 0.0 and state.body_slow_time[i] >= model.sleep_time[None] and \
+        model.body_inv_mass[i] > 0.0
+
+
+@ti.func
+def asleep(model, state, i):
+    """Body i sleeps this step: asleep by time and not woken by a moving body touching it (the narrowphase decides,
+    so valid from the solver on). A sleeping body keeps still and counts as fixed for the bodies touching it."""
+    return asleep_by_time(model, state, i) and state.body_woken[i] == 0

@@ -21,8 +21,8 @@ import numpy as np
 
 from app.errors import UserError
 from app.files import write_named_atomic, write_text_atomic
-from app.viewer.display import (DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi, fmt_bytes, has_display,
-                                close_window, open_window, parse_size, vulkan_problem)
+from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
+                                fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
 
 DROP_HEADROOM = 4096           # bodies the window can add before the simulation's fields must grow
 PREVIEW_SIM_SECONDS = 1.0      # no display: simulated time of the headless preview run (a few s on a laptop)
@@ -85,7 +85,7 @@ def _headless_preview(args) -> int:
 
 class InteractiveViewer:
     """The window loop. Keys: space pause, n step one frame, r reset, c contacts on/off, m colour by
-    material/contacts, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
+    material / contacts / sleep, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
     Screenshots go to screenshot_dir/screenshot_NNN.png with a .json beside them (step, time, paused, bodies,
     positions for small scenes): what the UI test checks."""
 
@@ -207,8 +207,8 @@ class InteractiveViewer:
                 self.reset()
             elif key == "c":
                 self.show_contacts = not self.show_contacts
-            elif key == "m":
-                self.color_mode = "contacts" if self.color_mode == "material" else "material"
+            elif key == "m":   # material -> contacts -> sleep -> material
+                self.color_mode = COLOR_MODES[(COLOR_MODES.index(self.color_mode) + 1) % len(COLOR_MODES)]
             elif key == "p":
                 self.screenshot_requested = True
             elif key == "h":
@@ -237,14 +237,21 @@ class InteractiveViewer:
                 g.text("exploded: press r to reset", color=(1.0, 0.4, 0.3))
             self.show_contacts = g.checkbox("contact points (c)", self.show_contacts)
             by_contacts = g.checkbox("colour by contacts (m)", self.color_mode == "contacts")
-            self.color_mode = "contacts" if by_contacts else "material"
+            by_sleep = g.checkbox("colour asleep / awake (m)", self.color_mode == "sleep")
+            if by_contacts != (self.color_mode == "contacts"):
+                self.color_mode = "contacts" if by_contacts else "material"
+            elif by_sleep != (self.color_mode == "sleep"):
+                self.color_mode = "sleep" if by_sleep else "material"
             gy = float(sim.model.gravity[None][1])
             ngy = g.slider_float("gravity y", gy, -20.0, 0.0)
             if ngy != gy:
                 gv = sim.model.gravity[None]
                 sim.set_gravity([float(gv[0]), ngy, float(gv[2])])
-            sim.dt = g.slider_float("dt (s)", sim.dt, 0.0002, 0.01)
-            sim.solver_iterations = g.slider_int("solver iterations", sim.solver_iterations, 1, 60)
+            dt = g.slider_float("dt (s)", sim.dt, 0.0002, 0.01)
+            iterations = g.slider_int("solver iterations", sim.solver_iterations, 1, 60)
+            if dt != sim.dt or iterations != sim.solver_iterations:   # (a change wakes sleeping bodies)
+                sim.dt, sim.solver_iterations = dt, iterations
+                sim.wake()
             mats = sim.scene.materials
             if len(mats) > 1:
                 self.material_sel = g.slider_int("material", self.material_sel, 0, len(mats) - 1)
@@ -327,7 +334,7 @@ def viewer_main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--size", default=None, help="WIDTHxHEIGHT (default 1280x720)")
     p.add_argument("--screenshot-dir", default=SCREENSHOT_DIR)
-    p.add_argument("--color", choices=("material", "contacts"), default="material")
+    p.add_argument("--color", choices=COLOR_MODES, default="material")
     p.add_argument("--contacts", action="store_true", help="start with contact points shown")
     p.add_argument("--headroom", type=int, default=None,
                    help=f"bodies the drop button can add without reallocating (default max({DROP_HEADROOM}, N/2))")

@@ -13,6 +13,7 @@ import taichi as ti
 
 from app.sim.contacts import first_copy, record_normal
 from app.sim.math3d import quat_to_mat
+from app.sim.state import asleep_by_time
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -33,6 +34,14 @@ def kernel_keys_contacts(body_shape: ti.template(), lists: ti.template(), list_b
     """body_key[i] = shape * buckets + min(contacts in body i's list, CONTACT_RAMP_TOP)."""
     for i in range(body_count):
         body_key[i] = body_shape[i] * buckets + ti.min(lists.length(list_base + i), CONTACT_RAMP_TOP)
+
+
+@ti.kernel
+def kernel_keys_sleep(body_shape: ti.template(), model: ti.template(), state: ti.template(), body_count: ti.i32,
+                      buckets: ti.i32, body_key: ti.template()):
+    """body_key[i] = shape * buckets + (1 if body i sleeps else 0) (app.sim.state.asleep_by_time)."""
+    for i in range(body_count):
+        body_key[i] = body_shape[i] * buckets + ti.select(asleep_by_time(model, state, i), 1, 0)
 
 
 @ti.kernel

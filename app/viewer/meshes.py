@@ -23,6 +23,8 @@ MATERIAL_PALETTE = np.array([
 
 # Contact-count ramp: bucket k = min(contacts, len - 1); 0 contacts (free flight) is a dim grey so that bodies
 # that touch something stand out, then blue -> red with more contacts.
+# colour by sleep state: awake (bucket 0), asleep (bucket 1)
+SLEEP_COLORS = np.array([[0.95, 0.62, 0.25], [0.30, 0.38, 0.62]], np.float32)
 CONTACT_RAMP = np.array([
     [0.45, 0.47, 0.52],   # 0
     [0.20, 0.45, 0.90],   # 1
@@ -57,12 +59,14 @@ def material_color(name, index: int) -> np.ndarray:
 
 def bucket_colors(mode: str, material_names=None) -> np.ndarray:
     """(COLOR_BUCKETS, 3) colours for 'material' (bucket = material index mod COLOR_BUCKETS; named after
-    material_names where they say what they are) or 'contacts' colouring."""
+    material_names where they say what they are), 'contacts' or 'sleep' colouring."""
     out = np.zeros((COLOR_BUCKETS, 3), np.float32)
     names = list(material_names or ())
     for k in range(COLOR_BUCKETS):
         if mode == "contacts":
             out[k] = CONTACT_RAMP[min(k, len(CONTACT_RAMP) - 1)]
+        elif mode == "sleep":
+            out[k] = SLEEP_COLORS[min(k, len(SLEEP_COLORS) - 1)]
         else:
             out[k] = material_color(names[k] if k < len(names) else None, k)
     return out

@@ -20,6 +20,7 @@ import numpy as np
 import taichi as ti
 
 from app.viewer import kernels as rk
+from app.viewer.display import COLOR_MODES
 from app.viewer import meshes as rm
 
 BACKGROUND = (0.11, 0.12, 0.15)
@@ -90,6 +91,10 @@ class SimSource:
         c = self.sim.contacts
         return c.lists, c.base
 
+    def sleep_fields(self):
+        """(model, state): what app.sim.state.asleep_by_time reads."""
+        return self.sim.model, self.sim.state
+
 
 @ti.data_oriented
 class PoseSource:
@@ -140,6 +145,9 @@ class PoseSource:
         return self._pos
 
     def contact_lists(self):
+        return None
+
+    def sleep_fields(self):
         return None
 
 
@@ -354,8 +362,8 @@ class Renderer:
 
     # ------------------------------------------------------------------ per frame
     def set_color_mode(self, mode):
-        if mode not in ("material", "contacts"):
-            raise ValueError(f"color mode {mode!r}: expected material | contacts")
+        if mode not in COLOR_MODES:
+            raise ValueError(f"color mode {mode!r}: expected {' | '.join(COLOR_MODES)}")
         if mode != self.color_mode:
             self.color_mode = mode
             self._keys_dirty = True
@@ -370,15 +378,19 @@ class Renderer:
             self._host_counts = np.zeros(2 * rm.COLOR_BUCKETS, np.int32)
             return
         lists = src.contact_lists() if self.color_mode == "contacts" else None
+        sleep = src.sleep_fields() if self.color_mode == "sleep" else None
+        per_frame = lists is not None or sleep is not None   # keys that change every frame
         if lists is not None:
             rk.kernel_keys_contacts(src.body_shape, lists[0], lists[1], n, rm.COLOR_BUCKETS, self.body_key)
+        elif sleep is not None:
+            rk.kernel_keys_sleep(src.body_shape, sleep[0], sleep[1], n, rm.COLOR_BUCKETS, self.body_key)
         elif self._keys_dirty:
             rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
         rk.kernel_scatter_instances(self.body_key, src.body_pos, src.body_quat, src.body_half_extents, n,
                                     self.key_count, self.key_cursor, self.instance_transform)
-        if lists is not None or self._keys_dirty or self._host_counts is None:
+        if per_frame or self._keys_dirty or self._host_counts is None:
             self._host_counts = self.key_count.to_numpy()
-            self._keys_dirty = lists is not None
+            self._keys_dirty = per_frame
         self.contact_glyphs = 0
         cl = src.contact_lists() if self.show_contacts else None
         if cl is not None:

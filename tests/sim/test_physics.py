@@ -361,3 +361,35 @@ def test_fast_spheres_do_not_pass_a_thin_wall(sim):
     _run(sim, 0.1)
     x = sim.positions()
     assert (x[1:, 0] < -TUNNEL_WALL_HALF).all(), x[1:, 0]
+
+
+# Sleeping (sim.sleep_speed 0.05 m/s for sim.sleep_time 0.5 s): a resting block of boxes falls asleep within
+# SLEEP_WITHIN_S; a box dropped on it wakes what it hits and comes to rest on top, and the block sleeps again (a
+# sphere would roll on across the flat top, awake, as it should).
+SLEEP_WITHIN_S = 1.5
+
+
+def test_a_settled_pile_sleeps_and_a_dropped_body_wakes_it(sim):
+    h = 0.1
+    boxes = [_box([h, h, h], [(ix - 1.5) * 2.1 * h, h + iy * 2 * h, (iz - 1.5) * 2.1 * h])
+             for iy in range(3) for iz in range(4) for ix in range(4)]
+    sim.load(scene_from_dict(_scene(boxes, [FLOOR])))
+    _run(sim, SLEEP_WITHIN_S)
+    assert sim.sleeping().all()
+    still = sim.positions().copy()
+    _run(sim, 0.2)
+    # asleep: not a bit moves, and no contact is computed
+    assert np.array_equal(sim.positions(), still) and int(sim.diagnostics.contact_total[None]) == 0
+    top = float(still[:, 1].max()) + h
+    sim.add_bodies([_box([0.08, 0.08, 0.08], [0.05, top + 0.5, 0.02], velocity=[0, -3, 0])])
+    woke = False
+    for _ in range(int(round(0.4 / sim.dt))):
+        sim.step()
+        woke = woke or not sim.sleeping()[:-1].all()
+    x = sim.positions()
+    assert woke
+    hit = np.linalg.norm(x[:-1] - still, axis=1).argmax()
+    assert x[-1, 1] > top + 0.08 - 0.01, x[-1]          # on top: it did not pass into the boxes
+    assert np.linalg.norm(x[hit] - still[hit]) > 1e-4   # the box it hit was pushed (awake), not a fixed wall
+    _run(sim, SLEEP_WITHIN_S + 0.5)
+    assert sim.sleeping().all()

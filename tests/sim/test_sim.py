@@ -517,7 +517,9 @@ def _check_ramp(m, st, tr):
 def _check_cradle(m, st, tr):
     v = st["linear_velocity"][:, 0]
     assert v[-1] > 0.95 and np.abs(v[:-1]).max() < 0.05, v
-    assert abs(v.sum() - 1.0) < 1e-3  # momentum of equal balls (frictionless rail)
+    # momentum of equal balls (frictionless rail); the four left behind keep ~1 mm/s each until they fall asleep,
+    # which stops them (below sim.sleep_speed), so 0.4% of it goes
+    assert abs(v.sum() - 1.0) < 5e-3
 
 
 def _check_bounce(m, st, tr):
@@ -564,6 +566,10 @@ SCENE_RUNS = {
     "cradle": (80, (), _check_cradle),
     "bounce": (80, (), _check_bounce),
     "boulders": (100, (), _check_boulders),
+    # the Box2D/Box3D suite's pyramids, smaller (their full size is GPU work: bench sim --scenes pyramid_100,...)
+    "pyramid_40": (30, ("bodies.0.levels=12",), _check_pyramid),
+    "pyramid_100": (30, ("bodies.0.levels=8",), _check_pyramid),
+    "many_pyramids": (30, ("bodies.0.copies=[2, 2]",), _check_pyramid),
     "pile_100k": (20, ("bodies.0.count=3000", "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                        "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
     "pile_1m": (20, ("bodies.0.count=3000", "static.0.size=[3, 6, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
