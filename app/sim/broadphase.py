@@ -112,49 +112,68 @@ WAKE_ROUNDS = 4
 
 
 @ti.func
-def _wake_neighbours(model: ti.template(), state: ti.template(), grid: ti.template(), i, mark):
-    """Mark (state.body_woken = mark) every sleeping body whose bounding sphere touches body i's, within the larger
-    of the contact margin and the two reaches (the candidate-pair test)."""
+def _touching(model: ti.template(), grid: ti.template(), i, j):
+    """Whether the bounding spheres of bodies i and j come within the larger of the contact margin and their two
+    reaches (the candidate-pair test)."""
     si = grid.body_sphere[i]
-    pi_ = ti.Vector([si[0], si[1], si[2]])
-    margin = model.contact_margin[None]
-    reach_i = grid.body_reach[i]
-    c = grid_cell_of(pi_, model.grid_cell_size[None])
+    sj = grid.body_sphere[j]
+    d = ti.Vector([sj[0] - si[0], sj[1] - si[1], sj[2] - si[2]]).norm()
+    return d <= si[3] + sj[3] + ti.max(model.contact_margin[None], grid.body_reach[i] + grid.body_reach[j])
+
+
+@ti.func
+def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.template(), i, r: ti.template()):
+    """Sleeping body i, not woken yet: wake it (state.body_woken = r + 1) if a body it touches (its grid
+    neighbours and the large bodies) moves faster than model.sleep_speed, awake (r = 0), or was woken in round r
+    (r > 0)."""
+    si = grid.body_sphere[i]
+    c = grid_cell_of(ti.Vector([si[0], si[1], si[2]]), model.grid_cell_size[None])
+    woken = False
     for nb in range(27):
         h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
         for s in range(grid.cells.length(h)):
             j = grid.cells.get(h, s)
-            sj = grid.body_sphere[j]
-            if state.body_woken[j] == 0 and asleep_by_time(model, state, j):
-                if (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= si[3] + sj[3] + \
-                        ti.max(margin, reach_i + grid.body_reach[j]):
-                    state.body_woken[j] = mark
+            if j != i and _wakes(model, state, grid, j, r) and _touching(model, grid, i, j):
+                woken = True
     for q in range(grid.large_count[None]):
         j = grid.large_ids[q]
-        sj = grid.body_sphere[j]
-        if j != i and state.body_woken[j] == 0 and asleep_by_time(model, state, j):
-            if (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= si[3] + sj[3] + ti.max(margin, reach_i):
-                state.body_woken[j] = mark
+        if j != i and _wakes(model, state, grid, j, r) and _touching(model, grid, i, j):
+            woken = True
+    if woken:
+        state.body_woken[i] = r + 1
+        ti.atomic_add(state.woken_count[r], 1)
+
+
+@ti.func
+def _wakes(model: ti.template(), state: ti.template(), grid: ti.template(), j, r: ti.template()):
+    """Whether body j wakes the sleepers it touches in round r (see _wake_from_neighbours)."""
+    out = False
+    if ti.static(r == 0):
+        out = model.body_inv_mass[j] > 0.0 and not asleep_by_time(model, state, j) and \
+            state.body_vel[j].norm() + state.body_omega[j].norm() * grid.body_sphere[j][3] > model.sleep_speed[None]
+    else:
+        out = state.body_woken[j] == r
+    return out
 
 
 @ti.kernel
 def kernel_wake_touched(model: ti.template(), state: ti.template(), grid: ti.template()):
-    """Wake, for this step, the sleeping bodies that a moving body touches (app.sim.state.asleep): round 0 from
-    every awake body faster than model.sleep_speed, round r from the bodies round r - 1 woke (state.body_woken =
-    round + 1), WAKE_ROUNDS rounds (its top-level loops run one after the other). Before the candidate pairs,
-    which then pair the woken bodies with everything they touch. A large body's sleeping neighbours are left to
-    the narrowphase's check (app.sim.narrowphase._wake_if_touched). Nothing when sleeping is off."""
+    """Wake, for this step, the sleeping bodies that a moving body touches (app.sim.state.asleep): in round 0 each
+    sleeping body looks for an awake neighbour faster than model.sleep_speed, in round r for a neighbour round
+    r - 1 woke (state.body_woken = round + 1), WAKE_ROUNDS rounds (its top-level loops run one after the other).
+    Seen from the sleeping side, so that a scene with few sleepers pays a flag test a body; a round after one that
+    woke nobody loops over nothing (state.woken_count). Before the candidate pairs, which then pair the woken
+    bodies with everything they touch. Nothing when sleeping is off."""
     n = ti.select(model.sleep_speed[None] > 0.0, model.body_count[None], 0)
-    for i in range(n):
-        if model.body_inv_mass[i] > 0.0 and not asleep_by_time(model, state, i) and \
-                grid.body_sphere[i][3] <= model.grid_large_radius[None]:
-            if state.body_vel[i].norm() + state.body_omega[i].norm() * grid.body_sphere[i][3] > \
-                    model.sleep_speed[None]:
-                _wake_neighbours(model, state, grid, i, 1)
-    for r in ti.static(range(1, WAKE_ROUNDS)):
-        for i in range(n):
-            if state.body_woken[i] == r and grid.body_sphere[i][3] <= model.grid_large_radius[None]:
-                _wake_neighbours(model, state, grid, i, r + 1)
+    for r in range(WAKE_ROUNDS):
+        state.woken_count[r] = 0
+    for r in ti.static(range(WAKE_ROUNDS)):
+        m = n
+        if ti.static(r > 0):
+            m = ti.select(state.woken_count[r - 1] > 0, n, 0)
+        for i in range(m):
+            if state.body_woken[i] == 0 and asleep_by_time(model, state, i):
+                _wake_from_neighbours(model, state, grid, i, r)
 
 
 @ti.kernel

@@ -35,6 +35,7 @@ class State:
         # this step's wake-ups (1: a moving body touches this sleeping one): cleared by the broadphase, set by the
         # narrowphase, read by the solver and the integrator of the same step; not state between steps
         self.body_woken = ti.field(ti.i32, n)
+        self.woken_count = ti.field(ti.i32, 8)   # bodies each round of app.sim.broadphase.kernel_wake_touched woke
         self.step = 0
 
     def set_rows(self, start: int, position, orientation, velocity, angular_velocity):
