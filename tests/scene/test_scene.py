@@ -248,7 +248,9 @@ def test_huge_sizes_are_refused_before_anything_is_made(tmp_path, monkeypatch):
                      ("{generate: grid, shape: sphere, radius: 0.01, count: [100000, 100000, 10], material: m}",
                       "bodies[0].count"),
                      ("{generate: pyramid, shape: box, half_extents: [1, 1, 1], levels: 1000000, material: m}",
-                      "bodies[0].levels")]:
+                      "bodies[0].levels"),
+                     ("{generate: pyramid, shape: box, half_extents: [1, 1, 1], levels: 100, copies: [100, 100], "
+                      "copy_spacing: [300, 3], material: m}", "bodies[0].levels")]:
         msg = _err(tmp_path, base + "  - " + gen + "\n")
         assert f"{key}: expected at most 20,000,000 bodies" in msg and "SMOLVLA_LIMITS" in msg
     for key in ("substeps", "solver_iterations"):
@@ -311,3 +313,18 @@ def test_deep_nesting_is_one_line_not_a_recursion_error(tmp_path):
     assert "x: expected a known key" in _err(tmp_path, deep)
     deeper = "name: t\nmaterials: {m: {}}\nbodies: []\nx: " + "[" * 64 + "1" + "]" * 64 + "\n"
     assert "nested more than 64 deep" in _err(tmp_path, deeper)
+
+
+def test_pyramid_copies_are_laid_out_apart_or_refused(tmp_path):
+    base = "name: t\nmaterials: {m: {}}\nbodies:\n  - "
+    p = tmp_path / "p.yaml"
+    p.write_text(base + "{generate: pyramid, shape: box, half_extents: [0.5, 0.5, 0.5], levels: 3, copies: [2, 3], "
+                        "copy_spacing: [4, 2], material: m}\n")
+    pos = load_scene(str(p)).bodies["position"]
+    assert len(pos) == 6 * 6
+    # six pyramids of 6 boxes: x centres -2 and 2 (+ within the base), z at -2, 0, 2
+    assert sorted(set(np.round(pos[:, 2], 6))) == [-2.0, 0.0, 2.0]
+    assert np.allclose(sorted(set(np.round(pos[pos[:, 1] > 2.4, 0], 6))), [-2.0, 2.0])   # the tops
+    msg = _err(tmp_path, base + "{generate: pyramid, shape: box, half_extents: [0.5, 0.5, 0.5], levels: 3, "
+                                "copies: [2, 1], copy_spacing: [2, 2], material: m}\n")
+    assert "bodies[0].copy_spacing: expected at least the pyramid's base (3 m)" in msg
