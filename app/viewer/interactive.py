@@ -217,7 +217,7 @@ class InteractiveViewer:
     def _panel(self, window):
         gui = window.get_gui()
         sim = self.sim
-        width = min(0.5, 360.0 / self.size[0])
+        width = min(0.5, 400.0 / self.size[0])   # (the longest slider label, "solver iterations", fits)
         with gui.sub_window("SmolVLA", 0.01, 0.01, width, 0.85) as g:
             if g.button("pause (space)" if self.playing else "play (space)"):
                 self.toggle_pause()
