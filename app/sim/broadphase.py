@@ -29,7 +29,7 @@ Simulation.scene_of).
 import taichi as ti
 
 from app.sim.model import MAX_LARGE_BODIES
-from app.sim.state import asleep, asleep_by_time
+from app.sim.state import asleep_by_time
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
@@ -162,8 +162,8 @@ def kernel_wake_touched(model: ti.template(), state: ti.template(), grid: ti.tem
     sleeping body looks for an awake neighbour faster than model.sleep_speed, in round r for a neighbour round
     r - 1 woke (state.body_woken = round + 1), WAKE_ROUNDS rounds (its top-level loops run one after the other).
     Seen from the sleeping side, so that a scene with few sleepers pays a flag test a body; a round after one that
-    woke nobody loops over nothing (state.woken_count). Before the candidate pairs, which then pair the woken
-    bodies with everything they touch. Nothing when sleeping is off."""
+    woke nobody loops over nothing (state.woken_count). A woken body is solved and integrated this step (its
+    contacts, kept while it slept, still carry their impulses). Nothing when sleeping is off."""
     n = ti.select(model.sleep_speed[None] > 0.0, model.body_count[None], 0)
     for r in range(WAKE_ROUNDS):
         state.woken_count[r] = 0
@@ -182,7 +182,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     bounding spheres come within the larger of the contact margin and the two bodies' reach over the step
     (grid.body_reach: speculative contacts, below) of body i = grid.body_order[t], each pair once (in the
     list of whichever body finds it, see the half-neighbourhood below; j may be < i), and -1 - k for each
-    plane k within reach of i's bounding sphere (never for fixed or sleeping bodies, nor for two of them).
+    plane k within reach of i's bounding sphere (never for fixed bodies, nor for two fixed bodies).
 
     A cheap, uniform pass: finding candidates and computing contact geometry are separate kernels because
     in one thread per body the warp's 32 threads meet their heavy box-box pairs at different loop
@@ -207,9 +207,10 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         pi_ = ti.Vector([si[0], si[1], si[2]])
         ri = si[3]
         shape_i = model.body_shape[i]
-        # fixed, or asleep (app.sim.state.asleep_by_time): such a body needs no pair with another still one, nor
-        # with a plane
-        fixed_i = model.body_inv_mass[i] == 0.0 or asleep(model, state, i)
+        # Sleeping bodies keep their pairs, so that their contacts and the impulses those carry stay alive: a
+        # sleeper woken under load starts warm (without them a heavy box woken on a light one fell onto cold
+        # contacts and sank three times as deep); the solver and the integrator skip them.
+        fixed_i = model.body_inv_mass[i] == 0.0
         reach_i = grid.body_reach[i]
         if not fixed_i:
             for k in range(model.plane_count[None]):
@@ -232,7 +233,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                 if near and (nb > 13 or j > i) and ti.max(ri, sj[3]) <= large_r:
                     ok = True
                     if fixed_i:   # (a branch: Taichi evaluates both sides of `and`)
-                        ok = model.body_inv_mass[j] != 0.0 and not asleep(model, state, j)
+                        ok = model.body_inv_mass[j] != 0.0
                     if ok:
                         grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
     for t, q in ti.ndrange(n, grid.large_count[None]):
@@ -245,8 +246,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         if i != big and (si[3] <= large_r or i < big):
             if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
                     ti.max(margin, grid.body_reach[i] + grid.body_reach[big]):
-                still_i = model.body_inv_mass[i] == 0.0 or asleep(model, state, i)
-                if not still_i or (model.body_inv_mass[big] != 0.0 and not asleep(model, state, big)):
+                if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
                     grid.pairs.append(grid.pair_list(model.body_shape[i] + model.body_shape[big], t), big)
 
 

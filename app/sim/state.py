@@ -17,7 +17,7 @@ class State:
     body_vel: vec3 f32, m/s, linear velocity of the centre of mass.
     body_omega: vec3 f32, rad/s, angular velocity in world coordinates.
     body_slow_time: f32, s, how long the body has been slower than model.sleep_speed; at model.sleep_time or more it
-        sleeps (asleep(), app.sim.integrator): it keeps still and costs (almost) nothing until something moving
+        sleeps (asleep(), app.sim.integrator): it keeps still and is not solved until something moving
         touches it or Simulation.wake() is called.
     step: host int, the steps taken to reach this state (the solver sets state_out.step = state_in.step + 1).
 
