@@ -5,6 +5,7 @@ each test loads its own scene into it with Simulation.load, which refills the fi
 recompiling a kernel. Tolerances are module constants with the reason next to each.
 """
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -394,3 +395,17 @@ def test_a_settled_pile_sleeps_and_a_dropped_body_wakes_it(sim):
     assert np.linalg.norm(x[hit] - still[hit]) > 1e-4   # the box it hit was pushed (awake), not a fixed wall
     _run(sim, SLEEP_WITHIN_S + 0.5)
     assert sim.sleeping().all()
+
+
+# The 10-level pyramid of scenes/pyramid.yaml comes to rest by the solver alone (sleeping off): every box slower than
+# PYRAMID_REST_SPEED at 5 s (measured: 2e-7 m/s).
+PYRAMID_REST_SPEED = 1e-3
+
+
+def test_a_pyramid_comes_to_rest_without_sleeping(sim):
+    from app.scene import load_scene
+
+    sim.load(load_scene(str(Path(__file__).resolve().parents[2] / "scenes" / "pyramid.yaml"), ("sim.sleep_speed=0",)))
+    _run(sim, 5.0)
+    assert np.linalg.norm(sim.velocities(), axis=1).max() < PYRAMID_REST_SPEED
+    assert not sim.sleeping().any()
