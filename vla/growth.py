@@ -629,6 +629,17 @@ class Growth:
             self._scratch.pop("held", None)
             return False
         ic, cs = choice
+        # the new layout's tables first: a size past 32-bit indices keeps the current layout, untouched
+        need = (np.maximum(demand_np.astype(np.int64) - ic, 0) + cs - 1) // cs
+        chunks = int(need.sum())
+        cap = max(1, bucket(chunks * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+        if n * ic + cap * cs > I32_MAX:
+            self._scratch.pop("held", None)
+            return False
+        target = self._scratch_nd("target", n)
+        target.from_numpy(need.astype(np.int32))
+        new_start = self._scratch_nd("new_start", n + 1)
+        self._scanner.exclusive(target, n, new_start)
         _k_held(self, held)
         offsets = self._scratch_nd("retune_offsets", n + 1)
         self._scanner.exclusive(held, n, offsets)
@@ -636,18 +647,13 @@ class Growth:
         self._regrow("relayout_tmp", self._store_dtype, max(1, total))
         if total:
             _k_pack_to_tmp(self, offsets, held)
-        need = (np.maximum(demand_np.astype(np.int64) - ic, 0) + cs - 1) // cs
-        target = self._scratch_nd("target", n)
-        target.from_numpy(need.astype(np.int32))
-        new_start = self._scratch_nd("new_start", n + 1)
-        self._scanner.exclusive(target, n, new_start)
-        chunks = int(new_start[n])
-        cap = max(1, bucket(chunks * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+        # the new storage is allocated before the sizes change, so that a refused allocation leaves them as
+        # they were
+        self._regrow("store", self._store_dtype, n * ic + cap * cs)
+        self._regrow("table_owner", ti.i32, self._owner_len(cap))
         self.inline_capacity, self.chunk_size = int(ic), int(cs)
         self._chunk_shift = self.chunk_size.bit_length() - 1
         self._n_inline = self.inline_capacity * n
-        self._regrow("store", self._store_dtype, self._n_inline + cap * cs)
-        self._regrow("table_owner", ti.i32, self._owner_len(cap))
         self._caps["pool_chunks"] = cap
         taichi_compat.program_kernels_changed()
         self.recompile_events += 1

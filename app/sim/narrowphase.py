@@ -27,7 +27,7 @@ from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 from app.sim.model import NO_CLIP
-from app.sim.state import asleep
+from app.sim.state import asleep_by_time
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -532,12 +532,14 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
 
 
 @ti.func
-def _wake_if_touched(model: ti.template(), state: ti.template(), a, va, wa, b):
+def _wake_if_touched(model: ti.template(), state: ti.template(), a, b):
     """Wake body b for this step (state.body_woken) if it sleeps and body a, awake, moves faster than
-    model.sleep_speed (|v| + |w| r, at the start of the step): the pairs app.sim.broadphase.kernel_wake_touched
-    does not see (a large body's). A slow body leans on a sleeper as on a fixed body."""
-    if asleep(model, state, b) and not asleep(model, state, a):
-        if va.norm() + wa.norm() * model.body_radius[a] > model.sleep_speed[None]:
+    model.sleep_speed (|v| + |w| r, the velocities at the start of the step, as the wake pass measures them): the
+    pairs app.sim.broadphase.kernel_wake_touched does not see (a large body's). A slow body leans on a sleeper as
+    on a fixed body. Reads only what no thread of this kernel writes (the sleep clocks, the velocities), so the
+    outcome does not depend on the order of the pairs."""
+    if asleep_by_time(model, state, b) and not asleep_by_time(model, state, a) and model.body_inv_mass[a] > 0.0:
+        if state.body_vel[a].norm() + state.body_omega[a].norm() * model.body_radius[a] > model.sleep_speed[None]:
             state.body_woken[b] = 1
 
 
@@ -568,16 +570,17 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             vj = state.body_vel[j] + ti.select(inv_j > 0.0, dt, 0.0) * g
             wj = state.body_omega[j]
         if j >= 0:
-            _wake_if_touched(model, state, i, vi, wi, j)
-            _wake_if_touched(model, state, j, vj, wj, i)
+            _wake_if_touched(model, state, i, j)
+            _wake_if_touched(model, state, j, i)
         e = ti.max(model.material_restitution[model.body_material[i]],
                    model.material_restitution[_material_of(model, j)])
         # last step's record of this pair: in the list of a body the solver updates (a fixed body's copy is
-        # never solved, so it holds no impulse)
+        # never solved, so it holds no impulse; a sleeping body's keeps what it had when it fell asleep, so the
+        # awake body's copy is the one to take)
         s = i
         key = j
         flag = 0
-        if inv_i <= 0.0 and j >= 0:
+        if j >= 0 and (inv_i <= 0.0 or (asleep_by_time(model, state, i) and not asleep_by_time(model, state, j))):
             s = j
             key = i
             flag = SECOND_COPY

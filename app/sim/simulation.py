@@ -245,6 +245,7 @@ class Simulation:
             self.builder.add_bodies(extra.bodies)
             self.builder.write(self.model, order)
             self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
+            self.state.set_slow_time(saved["body_slow_time"])   # (sleepers stay asleep)
             self.step_count = step
             self.contacts.reset()
         else:

@@ -56,6 +56,12 @@ class State:
                 out[start + k:, 0] = 1.0
             getattr(self, name).from_numpy(out)
 
+    def set_slow_time(self, slow_time):
+        """body_slow_time of rows [0, len(slow_time)) (s); the others 0."""
+        out = np.zeros(self.body_capacity, np.float32)
+        out[:len(slow_time)] = slow_time
+        self.body_slow_time.from_numpy(out)
+
     def to_numpy(self, count: int) -> dict:
         return {name: getattr(self, name).to_numpy()[:count] for name in BODY_FIELDS}
 
