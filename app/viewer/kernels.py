@@ -1,10 +1,11 @@
-"""Viewer kernels: per-instance transforms and contact glyphs, filled on the device from the State.
+"""Viewer kernels: sphere particles, box instance transforms and contact glyphs, filled on the device from the State.
 
-GGUI's ``scene.mesh_instance`` takes one colour per call, so bodies are drawn in colour buckets: every frame
-a counting sort on the device orders the bodies by key = shape * COLOR_BUCKETS + bucket (bucket: material
-or contact count) and writes each body's 4x4 transform into its slot; the host then issues one
-``mesh_instance`` call per non-empty (shape, bucket) range. The only per-frame read-back is the bucket
-counts (2 * COLOR_BUCKETS int32), never the bodies.
+Spheres are GGUI particles (impostors: a sphere shaded per pixel from one point), one draw for all of them with a
+colour and a radius each. Boxes are instanced meshes, and GGUI's ``scene.mesh_instance`` takes one colour per call,
+so they are drawn in colour buckets: every frame a counting sort on the device orders the bodies by key = shape *
+COLOR_BUCKETS + bucket (bucket: material, contact count or sleep state) and writes each body's 4x4 transform into
+its slot; the host then issues one ``mesh_instance`` call per non-empty box bucket. The only per-frame read-back
+is the bucket counts (2 * COLOR_BUCKETS int32), never the bodies.
 
 Kernels read the simulator's fields (state.body_pos, state.body_quat, model.body_half_extents,
 model.body_shape, model.body_material, the contact lists) and write only the viewer's own fields.
@@ -42,6 +43,22 @@ def kernel_keys_sleep(body_shape: ti.template(), model: ti.template(), state: ti
     """body_key[i] = shape * buckets + (1 if body i sleeps else 0) (app.sim.state.asleep_by_time)."""
     for i in range(body_count):
         body_key[i] = body_shape[i] * buckets + ti.select(asleep_by_time(model, state, i), 1, 0)
+
+
+@ti.kernel
+def kernel_sphere_particles(body_key: ti.template(), body_shape: ti.template(), body_pos: ti.template(),
+                            body_half_extents: ti.template(), body_count: ti.i32, bucket_color: ti.template(),
+                            buckets: ti.i32, sphere_count: ti.template(), center: ti.template(),
+                            radius: ti.template(), color: ti.template()):
+    """The spheres as particles: centre (m), radius (m) and colour (bucket_color of the body's key), packed in the
+    first sphere_count[None] entries (in no particular order: each is drawn on its own)."""
+    sphere_count[None] = 0
+    for i in range(body_count):
+        if body_shape[i] == 0:
+            s = ti.atomic_add(sphere_count[None], 1)
+            center[s] = body_pos[i]
+            radius[s] = body_half_extents[i][0]
+            color[s] = bucket_color[body_key[i] % buckets]
 
 
 @ti.kernel

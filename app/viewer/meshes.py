@@ -72,35 +72,6 @@ def bucket_colors(mode: str, material_names=None) -> np.ndarray:
     return out
 
 
-def icosphere(subdivisions: int):
-    """Unit sphere: an icosahedron subdivided `subdivisions` times (20 * 4^s triangles); smooth normals."""
-    t = (1.0 + 5.0 ** 0.5) / 2.0
-    verts = [[-1, t, 0], [1, t, 0], [-1, -t, 0], [1, -t, 0], [0, -1, t], [0, 1, t], [0, -1, -t], [0, 1, -t],
-             [t, 0, -1], [t, 0, 1], [-t, 0, -1], [-t, 0, 1]]
-    faces = [[0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11], [1, 5, 9], [5, 11, 4], [11, 10, 2],
-             [10, 7, 6], [7, 1, 8], [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9], [4, 9, 5], [2, 4, 11],
-             [6, 2, 10], [8, 6, 7], [9, 8, 1]]
-    verts = [list(np.asarray(v, np.float64) / np.linalg.norm(v)) for v in verts]
-    for _ in range(subdivisions):
-        cache = {}
-
-        def mid(a, b):
-            key = (min(a, b), max(a, b))
-            if key not in cache:
-                m = (np.asarray(verts[a]) + np.asarray(verts[b])) / 2.0
-                verts.append(list(m / np.linalg.norm(m)))
-                cache[key] = len(verts) - 1
-            return cache[key]
-
-        new = []
-        for a, b, c in faces:
-            ab, bc, ca = mid(a, b), mid(b, c), mid(c, a)
-            new += [[a, ab, ca], [b, bc, ab], [c, ca, bc], [ab, bc, ca]]
-        faces = new
-    v = np.asarray(verts, np.float32)
-    return v, v.copy(), np.asarray(faces, np.int32).ravel()
-
-
 def unit_box():
     """[-1, 1]^3 with flat normals: 24 vertices (4 per face), 12 triangles."""
     verts, normals, idx = [], [], []
@@ -117,16 +88,6 @@ def unit_box():
                 normals.append(n)
             idx += [base, base + 1, base + 2, base, base + 2, base + 3]
     return np.asarray(verts, np.float32), np.asarray(normals, np.float32), np.asarray(idx, np.int32)
-
-
-def sphere_subdivisions(body_count: int) -> int:
-    """Level of detail: fewer triangles per sphere as the scene grows (320 up to 20k bodies, 80 up to
-    300k, 20 beyond), so the triangle count stays within what a GPU draws at 60 fps."""
-    if body_count <= 20_000:
-        return 2
-    if body_count <= 300_000:
-        return 1
-    return 0
 
 
 def _tangent_basis(normal):

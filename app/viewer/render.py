@@ -269,13 +269,9 @@ class Renderer:
 
     # ------------------------------------------------------------------ setup
     def _build_body_meshes(self):
-        sub = rm.sphere_subdivisions(self.source.body_count)
-        if getattr(self, "_sphere_sub", None) == sub:
+        # (spheres are particles: no mesh; the box mesh is made once)
+        if getattr(self, "box_vertices", None) is not None:
             return
-        self._sphere_sub = sub
-        v, n, i = rm.icosphere(sub)
-        self.sphere_vertices, self.sphere_normals, self.sphere_indices = _field_from(v, 3), _field_from(n, 3), \
-            _field_from(i, dtype=ti.i32)
         v, n, i = rm.unit_box()
         self.box_vertices, self.box_normals, self.box_indices = _field_from(v, 3), _field_from(n, 3), \
             _field_from(i, dtype=ti.i32)
@@ -297,6 +293,12 @@ class Renderer:
             self.glyph_point = ti.Vector.field(3, ti.f32, gcap)
             self.glyph_line = ti.Vector.field(3, ti.f32, 2 * gcap)
             self.glyph_count = ti.field(ti.i32, ())
+            self.sphere_center = ti.Vector.field(3, ti.f32, cap)
+            self.sphere_radius = ti.field(ti.f32, cap)
+            self.sphere_color = ti.Vector.field(3, ti.f32, cap)
+            self.sphere_count = ti.field(ti.i32, ())
+            self.bucket_color = ti.Vector.field(3, ti.f32, rm.COLOR_BUCKETS)
+            self._bucket_colors_for = None
         self._generation = gen
         self._keys_dirty = True
         self._build_body_meshes()
@@ -388,6 +390,12 @@ class Renderer:
             rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
         rk.kernel_scatter_instances(self.body_key, src.body_pos, src.body_quat, src.body_half_extents, n,
                                     self.key_count, self.key_cursor, self.instance_transform)
+        if self._bucket_colors_for != self.color_mode:
+            self.bucket_color.from_numpy(rm.bucket_colors(self.color_mode, getattr(src, "material_names", None)))
+            self._bucket_colors_for = self.color_mode
+        rk.kernel_sphere_particles(self.body_key, src.body_shape, src.body_pos, src.body_half_extents, n,
+                                   self.bucket_color, rm.COLOR_BUCKETS, self.sphere_count, self.sphere_center,
+                                   self.sphere_radius, self.sphere_color)
         if per_frame or self._keys_dirty or self._host_counts is None:
             self._host_counts = self.key_count.to_numpy()
             self._keys_dirty = per_frame
@@ -411,14 +419,18 @@ class Renderer:
         counts = self._host_counts
         if counts is not None:
             colors = rm.bucket_colors(self.color_mode, getattr(self.source, "material_names", None))
-            offset = 0
-            for key, cnt in enumerate(counts):
-                cnt = int(cnt)
+            # spheres: one particle draw (keys 0 .. COLOR_BUCKETS - 1 are the spheres)
+            spheres = int(counts[:rm.COLOR_BUCKETS].sum())
+            if spheres:
+                scene.particles(self.sphere_center, radius=1.0, per_vertex_color=self.sphere_color,
+                                per_vertex_radius=self.sphere_radius, index_count=spheres)
+            offset = spheres
+            for key in range(rm.COLOR_BUCKETS, len(counts)):
+                cnt = int(counts[key])
                 if cnt:
-                    shape, bucket = divmod(key, rm.COLOR_BUCKETS)
-                    v, nr, ix = (self.sphere_vertices, self.sphere_normals, self.sphere_indices) if shape == 0 else \
-                        (self.box_vertices, self.box_normals, self.box_indices)
-                    scene.mesh_instance(v, indices=ix, normals=nr, color=tuple(float(x) for x in colors[bucket]),
+                    bucket = key - rm.COLOR_BUCKETS
+                    scene.mesh_instance(self.box_vertices, indices=self.box_indices, normals=self.box_normals,
+                                        color=tuple(float(x) for x in colors[bucket]),
                                         transforms=self.instance_transform, instance_offset=offset,
                                         instance_count=cnt)
                 offset += cnt
