@@ -395,11 +395,11 @@ class Simulation:
         self._sync_order()
         return self._internal_of
 
-    def step_frame(self):
-        """Advance `substeps` steps, then check health and overflow. One host read a frame when no VLA had to
+    def step_frame(self, steps=None):
+        """Advance `substeps` steps (or `steps`), then check health and overflow. One host read a frame when no VLA had to
         grow: the frame's readout (read_frame, kept in last_frame) also says whether the steps' commits
         sufficed; when one did not, the steps are redone (see advance) and read again."""
-        self.advance(self.substeps, check_end=False)
+        self.advance(self.substeps if steps is None else int(steps), check_end=False)
         frame = self.read_frame()
         if self._unchecked:
             if frame["failed_step"] != NO_FAILURE:

@@ -83,6 +83,11 @@ def _headless_preview(args) -> int:
     return 0
 
 
+# Simulation time a frame may take before the viewer runs fewer substeps that frame (ms): the window, camera and
+# panel stay responsive (about 15 frames/s or more) when the simulation is slow, at less than real time.
+SIM_BUDGET_MS = 25.0
+
+
 class InteractiveViewer:
     """The window loop. Keys: space pause, n step one frame, r reset, c contacts on/off, m colour by
     material / contacts / sleep, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
@@ -106,6 +111,7 @@ class InteractiveViewer:
         self.drop_count = 50
         self.material_sel = 0
         self.fps = 0.0
+        self.draw_ms = 0.0   # a frame's drawing (transforms, GGUI draw, panel, present), moving average
         self.step_ms = 0.0
         self._mem = (0, 0)
         self._mem_time = 0.0
@@ -158,20 +164,27 @@ class InteractiveViewer:
         sim.add_bodies(bodies)
 
     def advance(self):
+        """One frame of simulation: sim.substeps steps, fewer while playing when they would take longer than
+        SIM_BUDGET_MS (the window, camera and panel keep their frame rate; the panel shows the real-time factor).
+        The n key always steps a whole frame."""
         import taichi as ti
 
         from app.sim import SimulationError
 
+        steps = self.sim.substeps
+        if self.playing and not self.step_requested and self.step_ms > 0:
+            steps = max(1, min(steps, int(SIM_BUDGET_MS / self.step_ms)))
         t0 = time.perf_counter()
         try:
-            self.sim.step_frame()
+            self.sim.step_frame(steps)
         except SimulationError as e:
             self.error = str(e)
             self.playing = False
             print(f"error: {e} (paused; press r to reset)", file=sys.stderr)
             return
         ti.sync()
-        ms = (time.perf_counter() - t0) * 1e3 / max(1, self.sim.substeps)
+        ms = (time.perf_counter() - t0) * 1e3 / steps
+        self.frame_steps = steps
         self.step_ms = ms if self.step_ms == 0 else 0.8 * self.step_ms + 0.2 * ms
         self.frames += 1
 
@@ -229,6 +242,11 @@ class InteractiveViewer:
             if g.button("screenshot (p)"):
                 self.screenshot_requested = True
             g.text(f"{self.fps:5.1f} fps   {self.step_ms:6.2f} ms / step")
+            steps = getattr(self, "frame_steps", sim.substeps)
+            realtime = self.fps * steps * sim.dt if self.playing else 0.0
+            g.text(f"frame: sim {self.step_ms * steps:5.1f} ms ({steps}/{sim.substeps} steps)   "
+                   f"draw {self.draw_ms:5.1f} ms")
+            g.text(f"x{realtime:.2f} real time")
             g.text(f"t = {sim.sim_time:.3f} s   step {sim.step_count}")
             g.text(f"bodies {sim.body_count}   contacts {int(sim.diagnostics.contact_total[None])}")
             live, reserved = self._mem
@@ -293,6 +311,7 @@ class InteractiveViewer:
                     if self.error is None:
                         self.advance()
                     self.step_requested = False
+                t_draw = time.perf_counter()
                 renderer.set_color_mode(self.color_mode)
                 renderer.show_contacts = self.show_contacts
                 renderer.update()
@@ -310,6 +329,8 @@ class InteractiveViewer:
                     self.screenshot(window)
                     self.screenshot_requested = False
                 window.show()
+                ms = (time.perf_counter() - t_draw) * 1e3
+                self.draw_ms = ms if self.draw_ms == 0 else 0.9 * self.draw_ms + 0.1 * ms
                 dt = now - self._last
                 self._last = now
                 if dt > 0:
