@@ -92,11 +92,14 @@ def kernel_scatter_instances(body_key: ti.template(), body_pos: ti.template(), b
 
 @ti.kernel
 def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: ti.i32, normal_length: ti.f32,
-                          glyph_point: ti.template(), glyph_line: ti.template(), glyph_count: ti.template()):
+                          impulse_ref: ti.f32, glyph_point: ti.template(), glyph_line: ti.template(),
+                          glyph_count: ti.template()):
     """Every contact point once (from the first body's copy of a pair, or the body's of a plane contact):
-    glyph_point[k] = point, glyph_line[2k], glyph_line[2k+1] = point, point + normal_length * normal (the
-    normal pushing the owner). glyph_count[None] ends as the number found (may exceed the capacity: only
-    the first glyph_point.shape[0] are written)."""
+    glyph_point[k] = point, glyph_line[2k], glyph_line[2k+1] = point, point + length * normal (the normal pushing
+    the owner), an arrow of the contact's normal impulse: length = normal_length * impulse_n / impulse_ref (N s;
+    a typical body's weight over a step), at most 4 normal_lengths; a speculative contact (no impulse) is a point.
+    glyph_count[None] ends as the number found (may exceed the capacity: only the first glyph_point.shape[0]
+    are written)."""
     glyph_count[None] = 0
     cap = glyph_point.shape[0]
     for i in range(body_count):
@@ -107,7 +110,8 @@ def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: t
                 if slot < cap:
                     glyph_point[slot] = c.point
                     glyph_line[2 * slot] = c.point
-                    glyph_line[2 * slot + 1] = c.point + normal_length * record_normal(c)
+                    length = normal_length * ti.min(c.impulse_n / impulse_ref, 4.0)
+                    glyph_line[2 * slot + 1] = c.point + length * record_normal(c)
 
 
 @ti.kernel

@@ -95,6 +95,17 @@ class SimSource:
         """(model, state): what app.sim.state.asleep_by_time reads."""
         return self.sim.model, self.sim.state
 
+    def weight_impulse(self) -> float:
+        """The impulse (N s) of the median body's weight over one step: the scale of the contact arrows."""
+        key = (self.generation, self.sim.dt)
+        if getattr(self, "_weight_key", None) != key:
+            b = self.sim.builder.bodies
+            movable = b["mass"][: self.sim.body_count][b["inv_mass"][: self.sim.body_count] > 0]
+            g = float(np.linalg.norm(self.sim.model.gravity[None].to_numpy()))
+            self._weight = float(np.median(movable)) * max(g, 1.0) * self.sim.dt if movable.size else 1.0
+            self._weight_key = key
+        return max(self._weight, 1e-12)
+
 
 @ti.data_oriented
 class PoseSource:
@@ -402,8 +413,8 @@ class Renderer:
         self.contact_glyphs = 0
         cl = src.contact_lists() if self.show_contacts else None
         if cl is not None:
-            rk.kernel_contact_glyphs(cl[0], cl[1], n, 1.5 * self.size_hint, self.glyph_point, self.glyph_line,
-                                     self.glyph_count)
+            rk.kernel_contact_glyphs(cl[0], cl[1], n, 1.5 * self.size_hint, src.weight_impulse(),
+                                     self.glyph_point, self.glyph_line, self.glyph_count)
             self.contact_glyphs = int(self.glyph_count[None])
 
     def draw(self, scene, camera):
