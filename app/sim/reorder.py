@@ -119,6 +119,8 @@ def kernel_permute_state(model: ti.template(), state: ti.template(), diagnostics
         permute_field(ti.static(getattr(state, name)), reorder, order, n)
     if diagnostics.error_body[None] != NO_ERROR:
         diagnostics.error_body[None] = reorder.inverse[diagnostics.error_body[None]]
+    if state.ext_body[None] >= 0:
+        state.ext_body[None] = reorder.inverse[state.ext_body[None]]
     pair = diagnostics.deep_pair[None]
     if pair != ti.i64(NO_PAIR):
         i = reorder.inverse[ti.cast(pair // ti.i64(PAIR_STRIDE), ti.i32)]

@@ -191,6 +191,7 @@ class Simulation:
         b = {key: np.asarray(scene.bodies[key])[self._scene_of]
              for key in ("position", "orientation", "velocity", "angular_velocity")}
         self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
+        self.state.ext_body[None] = -1
         self.contacts.reset()
         self.grid.reset()
         self._grid_order_current = False   # grid.body_order describes this step's bodies (see resort)
@@ -266,6 +267,21 @@ class Simulation:
         idx = index_or_name if isinstance(index_or_name, int) else self.scene.material_index[index_or_name]
         self.builder.set_material(self.model, idx, friction=friction, restitution=restitution)
         self.wake()
+
+    def set_external_force(self, body=None, force=(0.0, 0.0, 0.0), point=None):
+        """Apply `force` (N, world) at `point` (m, world; default the body's centre) to scene body `body` in every
+        step from the next, until called with body=None; wakes the body. One body at a time (the viewer's drag)."""
+        if body is None:
+            self.state.ext_body[None] = -1
+            return
+        b = int(body)
+        if not 0 <= b < self.body_count:
+            raise ValueError(f"set_external_force: body {b} outside 0..{self.body_count - 1}")
+        k = int(self.internal_of[b])
+        self.state.ext_body[None] = k
+        self.state.ext_force[None] = [float(x) for x in force]
+        self.state.ext_point[None] = [float(x) for x in (point if point is not None else self.state.body_pos[k])]
+        self.state.body_slow_time[k] = 0.0
 
     def wake(self):
         """Wake every sleeping body (sleeping: sim.sleep_speed, sim.sleep_time; app.sim.state.asleep): after a change

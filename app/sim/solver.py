@@ -159,6 +159,10 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         xi = bi.pos
         if inv_m > 0.0:
             vi = vi + g * dt
+            if i == state.ext_body[None]:   # an external force (Simulation.set_external_force)
+                f = state.ext_force[None]
+                vi = vi + inv_m * dt * f
+                wi = wi + sym_mul(d, o, (state.ext_point[None] - xi).cross(f) * dt)
         scale = fixed_scale(inv_m)
         scale_w = angular_scale(bi.inv_inertia_d)
         P_sum = ivec3(0)

@@ -36,6 +36,12 @@ class State:
         # narrowphase, read by the solver and the integrator of the same step; not state between steps
         self.body_woken = ti.field(ti.i32, n)
         self.woken_count = ti.field(ti.i32, 8)   # bodies each round of app.sim.broadphase.kernel_wake_touched woke
+        # An external force on one body, applied in every step until cleared (Simulation.set_external_force: the
+        # viewer's drag): the body's stored index (-1: none), the force (N) and its point of application (world, m).
+        self.ext_body = ti.field(ti.i32, ())
+        self.ext_force = ti.Vector.field(3, ti.f32, ())
+        self.ext_point = ti.Vector.field(3, ti.f32, ())
+        self.ext_body[None] = -1
         self.step = 0
 
     def set_rows(self, start: int, position, orientation, velocity, angular_velocity):

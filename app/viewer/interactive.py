@@ -83,6 +83,8 @@ def _headless_preview(args) -> int:
     return 0
 
 
+# The panel's width in pixels: its longest slider label, "solver iterations", fits.
+PANEL_WIDTH_PX = 400.0
 # Simulation time a frame may take before the viewer runs fewer substeps that frame (ms): the window, camera and
 # panel stay responsive (about 15 frames/s or more) when the simulation is slow, at less than real time.
 SIM_BUDGET_MS = 25.0
@@ -112,6 +114,10 @@ class InteractiveViewer:
         self.material_sel = 0
         self.fps = 0.0
         self.draw_ms = 0.0   # a frame's drawing (transforms, GGUI draw, panel, present), moving average
+        self.selected = None   # scene index of the body picked with the mouse (app.viewer.picking)
+        self._grab = None      # while dragging: (grab point in the body frame, plane point, plane normal)
+        self._lmb = False
+        self._camera_spec = None   # (position, lookat, up, fov) of the camera this frame
         self.step_ms = 0.0
         self._mem = (0, 0)
         self._mem_time = 0.0
@@ -126,6 +132,8 @@ class InteractiveViewer:
         self.sim.reset()
         self.frames = 0
         self.error = None
+        self.selected = None
+        self._grab = None
 
     def drop_bodies(self, count: int):
         """Drop `count` bodies above the scene (alternating spheres and boxes, the scene's median size, the
@@ -195,13 +203,56 @@ class InteractiveViewer:
         write_named_atomic(path, window.save_image)
         meta = {"image": path, "step": self.sim.step_count, "frame": self.frames, "sim_time": self.sim.sim_time,
                 "paused": not self.playing, "bodies": self.sim.body_count, "color_mode": self.color_mode,
-                "show_contacts": self.show_contacts, "scene": self.sim.scene.path}
+                "show_contacts": self.show_contacts, "scene": self.sim.scene.path, "selected": self.selected,
+                "dragging": self._grab is not None, "size": list(self.size)}
+        if self._camera_spec is not None:
+            meta["camera"] = dict(zip(("position", "lookat", "up", "fov"), self._camera_spec))
         if self.sim.body_count <= 1000:
             meta["positions"] = self.sim.positions().tolist()
         write_text_atomic(path[:-4] + ".json", json.dumps(meta))
         self.screenshots.append(path)
         print(f"screenshot: {path}", flush=True)
         return path
+
+    # ------------------------------------------------------------------ mouse: pick and drag
+    def _mouse(self, window, panel_width):
+        """Left button: pick the body under the cursor (outside the panel) and drag it while held; release throws
+        it (app.viewer.picking)."""
+        import taichi as ti
+
+        from app.viewer import picking
+
+        down = window.is_pressed(ti.ui.LMB)
+        cx, cy = window.get_cursor_pos()
+        pressed, self._lmb = down and not self._lmb, down
+        if self._camera_spec is None:
+            return
+        pos, look, up, fov = self._camera_spec
+        o, d = picking.cursor_ray(pos, look, up, fov, self.size[0] / self.size[1], cx, cy)
+        sim = self.sim
+        if pressed and not (self.show_panel and cx < 0.01 + panel_width and cy > 0.14):
+            shapes = sim.shapes()
+            b, s = picking.pick(o, d, sim.positions(), sim.orientations(), shapes["shape"], shapes["half_extents"])
+            self.selected = b
+            if b is not None:
+                hit = o + s * d
+                R = picking.quat_to_matrices(sim.orientations()[b:b + 1])[0]
+                self._grab = (R.T @ (hit - sim.positions()[b]), hit, -d)
+        if self._grab is not None and not down:
+            sim.set_external_force(None)
+            self._grab = None
+        if self._grab is not None and self.selected is not None:
+            local, p0, normal = self._grab
+            target = picking.plane_point(o, d, p0, normal)
+            k = int(sim.internal_of[self.selected])
+            c = np.asarray(sim.state.body_pos[k], np.float64)
+            R = picking.quat_to_matrices(np.asarray(sim.state.body_quat[k], np.float64)[None])[0]
+            grab = c + R @ local
+            v = np.asarray(sim.state.body_vel[k], np.float64) + np.cross(np.asarray(sim.state.body_omega[k]), grab - c)
+            if target is not None:
+                mass = float(sim.builder.bodies["mass"][self.selected])
+                g = np.asarray(sim.model.gravity[None], np.float64)
+                sim.set_external_force(self.selected, picking.drag_force(mass, grab, v, target, g), point=grab)
 
     # ------------------------------------------------------------------ loop
     def _events(self, window):
@@ -230,7 +281,7 @@ class InteractiveViewer:
     def _panel(self, window):
         gui = window.get_gui()
         sim = self.sim
-        width = min(0.5, 400.0 / self.size[0])   # (the longest slider label, "solver iterations", fits)
+        width = min(0.5, PANEL_WIDTH_PX / self.size[0])
         with gui.sub_window("SmolVLA", 0.01, 0.01, width, 0.85) as g:
             if g.button("pause (space)" if self.playing else "play (space)"):
                 self.toggle_pause()
@@ -249,6 +300,13 @@ class InteractiveViewer:
             g.text(f"x{realtime:.2f} real time")
             g.text(f"t = {sim.sim_time:.3f} s   step {sim.step_count}")
             g.text(f"bodies {sim.body_count}   contacts {int(sim.diagnostics.contact_total[None])}")
+            if self.selected is not None and self.selected < sim.body_count:
+                b = self.selected
+                k = int(sim.internal_of[b])
+                shape = ("sphere", "box")[int(sim.model.body_shape[k])]
+                speed = float(np.linalg.norm(np.asarray(sim.state.body_vel[k])))
+                g.text(f"body {b}: {shape}, {float(sim.builder.bodies['mass'][b]):.3g} kg, {speed:.2f} m/s"
+                       + ("  (dragging)" if self._grab is not None else ""))
             live, reserved = self._mem
             g.text(f"{sim.contacts_kind} memory: live {fmt_bytes(live)} / reserved {fmt_bytes(reserved)}")
             if self.error:
@@ -307,6 +365,9 @@ class InteractiveViewer:
                 if self.quit:
                     break
                 camera.track_user_inputs(window, movement_speed=speed, hold_key=ti.ui.RMB)
+                self._camera_spec = (tuple(camera.curr_position), tuple(camera.curr_lookat), tuple(camera.curr_up),
+                                     spec["fov"])
+                self._mouse(window, min(0.5, PANEL_WIDTH_PX / self.size[0]))
                 if self.playing or self.step_requested:
                     if self.error is None:
                         self.advance()

@@ -437,3 +437,28 @@ def test_sleeping_holds_at_large_steps(sim):
     sim.load(scene_from_dict(scene))
     _run(sim, 2.0)
     assert sim.sleeping().all()
+
+
+def test_an_external_force_accelerates_its_body_as_newton_says(sim):
+    """Simulation.set_external_force (the viewer's drag): a constant force at the centre of a free sphere in zero
+    gravity gives it F t / m, exactly as the integrator steps it; at a point off the centre it also spins it up at
+    I^-1 (r x F) t; cleared, the body keeps what it got. Another body is untouched."""
+    r = 0.1
+    sim.load(scene_from_dict(_scene([_sphere(r, [0, 1, 0]), _sphere(r, [3, 1, 0])], gravity=(0, 0, 0))))
+    m = 1000 * 4 / 3 * np.pi * r ** 3
+    inertia = 0.4 * m * r * r
+    f = np.array([2.0, 0.0, 0.0])
+    sim.set_external_force(0, f, point=[0, 1 + r, 0])
+    steps = 50
+    for _ in range(steps):
+        sim.step()
+    t = steps * sim.dt
+    np.testing.assert_allclose(sim.velocities()[0], f * t / m, rtol=1e-4, atol=1e-7)
+    # r x F = (0, r, 0) x (F, 0, 0) = (0, 0, -r F); the point moves with the body, the lever stays r
+    np.testing.assert_allclose(sim.angular_velocities()[0], [0, 0, -r * f[0] * t / inertia], rtol=2e-2, atol=1e-6)
+    sim.set_external_force(None)
+    v = sim.velocities()[0].copy()
+    for _ in range(10):
+        sim.step()
+    np.testing.assert_allclose(sim.velocities()[0], v, rtol=1e-6)
+    assert not sim.velocities()[1].any()

@@ -347,3 +347,27 @@ def test_vulkan_loader_lookup_ends_and_finds_a_loader_on_the_library_path(tmp_pa
     (tmp_path / "libvulkan.so.1").write_bytes(b"")
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path / 'loop'}:{tmp_path}")
     assert not (display.vulkan_problem() or "").startswith("no Vulkan loader")
+
+
+def test_picking_hits_the_first_body_on_the_ray():
+    from app.viewer import picking
+
+    o, d = np.zeros(3), np.array([1.0, 0.0, 0.0])
+    c45, s45 = np.cos(np.pi / 8), np.sin(np.pi / 8)   # a quarter turn's half angle: 45 degrees about y
+    pos = [[5, 0, 0], [9, 0, 0], [5, 3, 0], [3, 0.5, 0]]
+    quat = [[1, 0, 0, 0], [c45, 0, s45, 0], [1, 0, 0, 0], [1, 0, 0, 0]]
+    shape = [0, 1, 0, 0]
+    half = [[1, 1, 1], [1, 1, 1], [1, 1, 1], [0.4, 0.4, 0.4]]
+    b, s = picking.pick(o, d, pos, quat, shape, half)
+    assert b == 0 and abs(s - 4.0) < 1e-9                   # the sphere at 5 (the small one at 3 is missed)
+    b, s = picking.pick(o, d, pos[1:], quat[1:], shape[1:], half[1:])
+    assert b == 0 and abs(s - (9 - np.sqrt(2))) < 1e-9     # the turned box: its edge faces the ray
+    assert picking.pick(o, -d, pos, quat, shape, half) == (None, np.inf)
+    # the cursor ray through the middle of the window is the camera's axis, the corner's is fov/2 off it
+    o, d = picking.cursor_ray([0, 0, 5], [0, 0, 0], [0, 1, 0], 60, 1.0, 0.5, 0.5)
+    np.testing.assert_allclose(d, [0, 0, -1], atol=1e-12)
+    o, d = picking.cursor_ray([0, 0, 5], [0, 0, 0], [0, 1, 0], 60, 1.0, 0.5, 1.0)
+    assert abs(np.degrees(np.arctan2(d[1], -d[2])) - 30) < 1e-9
+    # the drag spring: at the target and still, it holds the weight
+    f = picking.drag_force(2.0, np.zeros(3), np.zeros(3), np.zeros(3), [0, -9.81, 0])
+    np.testing.assert_allclose(f, [0, 19.62, 0])

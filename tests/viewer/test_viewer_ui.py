@@ -145,3 +145,73 @@ def test_keys_drive_the_viewer(xvfb, tmp_path):
             viewer.kill()
             viewer.wait(timeout=10)
         log.close()
+
+
+def test_mouse_picks_and_drags_a_body(xvfb, tmp_path):
+    """Left button on a body, drag, release, as a person would: the body is selected, pulled toward the cursor
+    (up the screen: it rises) while boxes away from it stay where they were; released, it is let go."""
+    from app.viewer.render import project
+
+    env = dict(os.environ, DISPLAY=xvfb, PYTHONPATH=ROOT)
+    shots = tmp_path / "shots"
+    log = open(tmp_path / "viewer.log", "w+")
+    viewer = subprocess.Popen([sys.executable, "-m", "app.viewer", TINY, "--arch", "cpu", "--size", f"{W}x{H}",
+                               "--screenshot-dir", str(shots)], cwd=tmp_path, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+
+    def xdo(*args):
+        r = subprocess.run(["xdotool", *args], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    count = [0]
+
+    def shot():
+        xdo("key", "p")
+        path = shots / f"screenshot_{count[0]:03d}.json"
+        _wait(lambda: path.exists() and path.stat().st_size > 0, ACTION_TIMEOUT_S, f"screenshot {count[0]}")
+        time.sleep(0.1)
+        count[0] += 1
+        return json.loads(path.read_text())
+
+    try:
+        _wait(lambda: "viewer ready" in (tmp_path / "viewer.log").read_text() or viewer.poll() is not None,
+              READY_TIMEOUT_S, "the window")
+        assert viewer.poll() is None, (tmp_path / "viewer.log").read_text()[-3000:]
+        wid = _wait(lambda: subprocess.run(["xdotool", "search", "--name", "SmolVLA viewer"], env=env,
+                                           capture_output=True, text=True).stdout.split(), 30, "the X window")[0]
+        xdo("windowfocus", "--sync", wid)
+        xdo("key", "h")   # (the panel off: the whole window is the scene)
+        s0 = _wait(lambda: (lambda s: s if s["sim_time"] > 2.5 else None)(shot()), ACTION_TIMEOUT_S * 2,
+                   "the bodies to land")
+        p0 = np.array(s0["positions"])
+        x, y = project(p0[0], s0["camera"], W, H)[0]   # body 0: the 0.2 m sphere
+        assert 0 < x < W and 40 < y < H
+        xdo("mousemove", "--window", wid, str(int(x)), str(int(y)))
+        time.sleep(0.3)
+        xdo("mousedown", "1")
+        for k in range(1, 7):   # up the screen, a few pixels at a time, as a hand moves
+            xdo("mousemove", "--window", wid, str(int(x)), str(int(y - 10 * k)))
+            time.sleep(0.15)
+        time.sleep(1.5)
+        s1 = shot()
+        xdo("mouseup", "1")
+        time.sleep(0.5)
+        s2 = shot()
+        p1 = np.array(s1["positions"])
+        assert s1["selected"] == 0 and s1["dragging"] is True
+        assert p1[0, 1] - p0[0, 1] > 0.1, (p0[0], p1[0])   # pulled up toward the cursor
+        # boxes away from it stay put (spheres may still roll: nothing stops a rolling ball but the walls)
+        from app.scene import load_scene
+
+        boxes = load_scene(TINY).bodies["shape"] == 1
+        far = (np.linalg.norm(p0 - p0[0], axis=1) > 0.7) & boxes
+        assert far.sum() >= 4 and np.abs(p1[far] - p0[far]).max() < 0.03, np.abs(p1 - p0).max(axis=1)
+        assert s2["dragging"] is False
+        xdo("key", "Escape")
+        _wait(lambda: viewer.poll() is not None, ACTION_TIMEOUT_S, "the viewer to exit on Esc")
+    finally:
+        if viewer.poll() is None:
+            viewer.kill()
+            viewer.wait(timeout=10)
+        log.close()

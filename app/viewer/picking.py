@@ -1,0 +1,86 @@
+"""Picking and dragging bodies with the mouse: the ray under the cursor, the body it hits, and the spring that pulls
+the grabbed point toward the cursor (numpy, on the host; the force goes to the simulation through
+Simulation.set_external_force).
+
+The drag is MuJoCo's perturbation: a spring from the grabbed point to the cursor's point on the plane through the
+grab facing the camera, critically damped at DRAG_HZ and scaled by the body's mass (every body follows alike),
+plus the body's weight (it hangs at the cursor). Releasing the button removes the force: the body keeps its
+velocity, so a quick drag throws it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+DRAG_HZ = 2.0   # the spring's natural frequency (1/s)
+
+
+def cursor_ray(position, lookat, up, fov_deg, aspect, cx, cy):
+    """(origin, unit direction) of the ray through cursor (cx, cy) in [0, 1]^2 (x right, y up, GGUI's cursor
+    coordinates) of a pinhole camera at `position` looking at `lookat` with vertical field of view fov_deg."""
+    o = np.asarray(position, np.float64)
+    f = np.asarray(lookat, np.float64) - o
+    f /= np.linalg.norm(f)
+    r = np.cross(f, np.asarray(up, np.float64))
+    r /= np.linalg.norm(r)
+    u = np.cross(r, f)
+    t = math.tan(math.radians(fov_deg) / 2)
+    d = f + (2 * cx - 1) * t * aspect * r + (2 * cy - 1) * t * u
+    return o, d / np.linalg.norm(d)
+
+
+def quat_to_matrices(q):
+    """(K, 3, 3) rotation matrices of unit quaternions (K, 4) (w, x, y, z)."""
+    q = np.asarray(q, np.float64)
+    w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+    return np.stack([
+        np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+        np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+        np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], 1)
+
+
+def pick(origin, direction, positions, orientations, shape, half_extents):
+    """(body, distance along the ray) of the first body the ray hits, or (None, inf). shape: 0 sphere (radius
+    half_extents[:, 0]), 1 box (half extents, in the body frame of `orientations`)."""
+    c = np.asarray(positions, np.float64)
+    h = np.asarray(half_extents, np.float64)
+    n = len(c)
+    hit = np.full(n, np.inf)
+    oc = origin[None, :] - c
+    sph = np.asarray(shape) == 0
+    if sph.any():   # |o + s d - c|^2 = r^2
+        b = (oc[sph] @ direction)
+        disc = b * b - ((oc[sph] ** 2).sum(1) - h[sph, 0] ** 2)
+        s = -b - np.sqrt(np.maximum(disc, 0.0))
+        hit[np.flatnonzero(sph)] = np.where((disc >= 0) & (s > 0), s, np.inf)
+    box = ~sph
+    if box.any():   # slabs in the box's frame
+        R = quat_to_matrices(np.asarray(orientations)[box])
+        lo = np.einsum("kji,kj->ki", R, oc[box])          # R^T (o - c)
+        ld = np.einsum("kji,j->ki", R, direction)          # R^T d
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t1 = (-h[box] - lo) / ld
+            t2 = (h[box] - lo) / ld
+        near = np.nanmax(np.minimum(t1, t2), axis=1)
+        far = np.nanmin(np.maximum(t1, t2), axis=1)
+        hit[np.flatnonzero(box)] = np.where((near <= far) & (far > 0), np.maximum(near, 0.0), np.inf)
+    k = int(np.argmin(hit)) if n else 0
+    return (k, float(hit[k])) if n and np.isfinite(hit[k]) else (None, math.inf)
+
+
+def drag_force(mass, grab_point, grab_velocity, target, gravity):
+    """The spring force (N) on the grabbed point: mass (w^2 (target - grab) - 2 w grab_velocity - gravity),
+    w = 2 pi DRAG_HZ (critically damped, the weight held)."""
+    w = 2 * math.pi * DRAG_HZ
+    return mass * (w * w * (np.asarray(target) - grab_point) - 2 * w * np.asarray(grab_velocity)
+                   - np.asarray(gravity, np.float64))
+
+
+def plane_point(origin, direction, point, normal):
+    """Where the ray meets the plane through `point` with `normal` (None when parallel or behind)."""
+    den = float(direction @ normal)
+    if abs(den) < 1e-9:
+        return None
+    s = float((np.asarray(point) - origin) @ normal) / den
+    return origin + s * direction if s > 0 else None
