@@ -295,6 +295,25 @@ class ModelBuilder:
         scratch: gather buffers scratch_i32, scratch_f32, scratch_vec (app.sim.reorder.Reorder)."""
         _kernel_store_in_order(model, scratch, order)
 
+    def set_fixed(self, model: Model, body: int, stored: int, fixed: bool):
+        """Fix (zero inverse mass and inertia) or free again scene body `body`, stored at index `stored`, here and
+        in `model`, from the next step. A body fixed in the scene cannot be freed (its mass was never kept)."""
+        b = self.bodies
+        if not hasattr(self, "_freed"):
+            self._freed = {}   # body -> (inverse mass, inverse inertia) from before it was fixed at run time
+        if fixed and not b["fixed"][body]:
+            self._freed[body] = (float(b["inv_mass"][body]), np.array(b["inv_inertia"][body]))
+            inv_m, inv_i = 0.0, np.zeros(3)
+        elif not fixed and body in self._freed:
+            inv_m, inv_i = self._freed.pop(body)
+        else:
+            return
+        b["fixed"][body] = fixed
+        b["inv_mass"][body] = inv_m
+        b["inv_inertia"][body] = inv_i
+        model.body_inv_mass[stored] = inv_m
+        model.body_inv_inertia[stored] = [float(x) for x in inv_i]
+
     def write_bodies(self, model: Model, order=None):
         """Write every body into `model`, body order[k] (a scene index) at stored index k (default: scene order),
         with its id (body_id = its scene index), and the body count and grid sizes that follow from the bodies:

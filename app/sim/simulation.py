@@ -283,6 +283,16 @@ class Simulation:
         self.state.ext_point[None] = [float(x) for x in (point if point is not None else self.state.body_pos[k])]
         self.state.body_slow_time[k] = 0.0
 
+    def set_fixed(self, body: int, fixed: bool = True):
+        """Fix scene body `body` where it is (it stops and nothing moves it), or free it again (a body fixed in the
+        scene stays fixed), from the next step; the viewer's f key."""
+        k = int(self.internal_of[int(body)])
+        self.builder.set_fixed(self.model, int(body), k, bool(fixed))
+        if fixed:
+            self.state.body_vel[k] = [0.0, 0.0, 0.0]
+            self.state.body_omega[k] = [0.0, 0.0, 0.0]
+        self.wake()
+
     def wake(self):
         """Wake every sleeping body (sleeping: sim.sleep_speed, sim.sleep_time; app.sim.state.asleep): after a change
         that may move them (a parameter, an edit of the state's fields), from the next step."""

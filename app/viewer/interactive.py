@@ -92,7 +92,7 @@ SIM_BUDGET_MS = 25.0
 
 class InteractiveViewer:
     """The window loop. Keys: space pause, n step one frame, r reset, c contacts on/off, m colour by
-    material / contacts / sleep, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
+    material / contacts / sleep, f fix / free the picked body, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
     Screenshots go to screenshot_dir/screenshot_NNN.png with a .json beside them (step, time, paused, bodies,
     positions for small scenes): what the UI test checks."""
 
@@ -277,6 +277,9 @@ class InteractiveViewer:
                 self.screenshot_requested = True
             elif key == "h":
                 self.show_panel = not self.show_panel
+            elif key == "f" and self.selected is not None and self.selected < self.sim.body_count:
+                fixed = bool(self.sim.builder.bodies["fixed"][self.selected])
+                self.sim.set_fixed(self.selected, not fixed)
 
     def _panel(self, window):
         gui = window.get_gui()
@@ -305,8 +308,10 @@ class InteractiveViewer:
                 k = int(sim.internal_of[b])
                 shape = ("sphere", "box")[int(sim.model.body_shape[k])]
                 speed = float(np.linalg.norm(np.asarray(sim.state.body_vel[k])))
+                fixed = bool(sim.builder.bodies["fixed"][b])
                 g.text(f"body {b}: {shape}, {float(sim.builder.bodies['mass'][b]):.3g} kg, {speed:.2f} m/s"
-                       + ("  (dragging)" if self._grab is not None else ""))
+                       + ("  fixed (f frees)" if fixed else "  (f fixes)")
+                       + ("  dragging" if self._grab is not None else ""))
             live, reserved = self._mem
             g.text(f"{sim.contacts_kind} memory: live {fmt_bytes(live)} / reserved {fmt_bytes(reserved)}")
             if self.error:

@@ -462,3 +462,18 @@ def test_an_external_force_accelerates_its_body_as_newton_says(sim):
         sim.step()
     np.testing.assert_allclose(sim.velocities()[0], v, rtol=1e-6)
     assert not sim.velocities()[1].any()
+
+
+def test_a_body_fixed_at_run_time_stops_and_freed_falls_again(sim):
+    """Simulation.set_fixed (the viewer's f key): a falling sphere fixed mid-air stays exactly there, and a sphere
+    dropped on it rests on it; freed, it falls again with g."""
+    sim.load(scene_from_dict(_scene([_sphere(0.1, [0, 2, 0]), _sphere(0.1, [0, 3, 0])], [FLOOR])))
+    _run(sim, 0.1)
+    sim.set_fixed(0)
+    here = sim.positions()[0].copy()
+    _run(sim, 1.0)
+    assert np.array_equal(sim.positions()[0], here)
+    assert abs(sim.positions()[1, 1] - (here[1] + 0.2)) < 0.005   # the other one rests on top
+    sim.set_fixed(0, False)
+    _run(sim, 0.1)
+    assert here[1] - sim.positions()[0, 1] > 0.5 * G * 0.1 ** 2 * 0.9
