@@ -18,6 +18,7 @@ import taichi as ti
 
 from app.sim.contacts import skipping
 from app.sim.diagnostics import check_body
+from app.sim.math3d import quat_mul_as, quat_to_mat_as
 from app.sim.solver_records import unpack_motion
 from app.sim.state import asleep
 
@@ -32,27 +33,7 @@ def quat_step(q, w, dt, dtype: ti.template()):
         axis = w / w.norm()
         s = ti.sin(0.5 * theta)
         dq = ti.Vector([ti.cos(0.5 * theta), s * axis[0], s * axis[1], s * axis[2]], dt=dtype)
-    return _quat_mul(dq, q, dtype).normalized()
-
-
-@ti.func
-def _quat_mul(a, b, dtype: ti.template()):
-    return ti.Vector([
-        a[0] * b[0] - a[1] * b[1] - a[2] * b[2] - a[3] * b[3],
-        a[0] * b[1] + a[1] * b[0] + a[2] * b[3] - a[3] * b[2],
-        a[0] * b[2] - a[1] * b[3] + a[2] * b[0] + a[3] * b[1],
-        a[0] * b[3] + a[1] * b[2] - a[2] * b[1] + a[3] * b[0],
-    ], dt=dtype)
-
-
-@ti.func
-def _quat_to_mat64(q):
-    w, x, y, z = q[0], q[1], q[2], q[3]
-    return ti.Matrix([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ], dt=ti.f64)
+    return quat_mul_as(dq, q, dtype).normalized()
 
 
 @ti.func
@@ -76,12 +57,12 @@ def rotate_keeping_momentum(q, w, w_pseudo, inv_inertia_body, dt):
         qd = ti.cast(q, ti.f64)
         wd = ti.cast(w, ti.f64)
         dd = ti.cast(d, ti.f64)
-        R = _quat_to_mat64(qd)
+        R = quat_to_mat_as(qd, ti.f64)
         L = R @ ((R.transpose() @ wd) / dd)
-        R_half = _quat_to_mat64(quat_step(qd, wd, 0.5 * dt, ti.f64))
+        R_half = quat_to_mat_as(quat_step(qd, wd, 0.5 * dt, ti.f64), ti.f64)
         w_half = R_half @ (dd * (R_half.transpose() @ L))
         q_new = quat_step(qd, w_half + ti.cast(w_pseudo, ti.f64), dt, ti.f64)
-        R_out = _quat_to_mat64(q_new)
+        R_out = quat_to_mat_as(q_new, ti.f64)
         q_out = ti.cast(q_new, ti.f32)
         w_out = ti.cast(R_out @ (dd * (R_out.transpose() @ L)), ti.f32)
     return q_out, w_out

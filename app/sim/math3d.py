@@ -8,22 +8,34 @@ mat3 = ti.types.matrix(3, 3, ti.f32)
 @ti.func
 def quat_to_mat(q):
     """Rotation matrix (columns = body axes in world) of a unit quaternion q = (w, x, y, z)."""
+    return quat_to_mat_as(q, ti.f32)
+
+
+@ti.func
+def quat_to_mat_as(q, dtype: ti.template()):
+    """quat_to_mat in `dtype` (ti.f32 or ti.f64)."""
     w, x, y, z = q[0], q[1], q[2], q[3]
     return ti.Matrix([
         [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
         [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
         [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ], dt=ti.f32)
+    ], dt=dtype)
 
 
 @ti.func
 def quat_mul(a, b):
+    return quat_mul_as(a, b, ti.f32)
+
+
+@ti.func
+def quat_mul_as(a, b, dtype: ti.template()):
+    """The quaternion product a b in `dtype` (ti.f32 or ti.f64)."""
     return ti.Vector([
         a[0] * b[0] - a[1] * b[1] - a[2] * b[2] - a[3] * b[3],
         a[0] * b[1] + a[1] * b[0] + a[2] * b[3] - a[3] * b[2],
         a[0] * b[2] - a[1] * b[3] + a[2] * b[0] + a[3] * b[1],
         a[0] * b[3] + a[1] * b[2] - a[2] * b[1] + a[3] * b[0],
-    ], dt=ti.f32)
+    ], dt=dtype)
 
 
 @ti.func
