@@ -16,8 +16,9 @@ DEFAULT_SIZE = (1280, 720)
 OFFSCREEN_SIZE = (1024, 576)   # multiples of 16: H.264 encoders need no resize
 SCREENSHOT_DIR = os.path.join("out", "screenshots")
 WINDOW_TITLE = "SmolVLA viewer"
-# How bodies are coloured: by material, by the contacts in their list, or awake / asleep (replays: as material).
-COLOR_MODES = ("material", "contacts", "sleep")
+# How bodies are coloured: by material, by the contacts in their list, awake / asleep, or by speed (replays: as
+# material).
+COLOR_MODES = ("material", "contacts", "sleep", "speed")
 VULKAN_HINT = ("install a Vulkan driver: on Debian/Ubuntu `apt-get install mesa-vulkan-drivers libvulkan1` "
                "(lavapipe renders on the CPU), or your GPU vendor's driver")
 

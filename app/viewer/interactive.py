@@ -92,7 +92,7 @@ SIM_BUDGET_MS = 25.0
 
 class InteractiveViewer:
     """The window loop. Keys: space pause, n step one frame, r reset, c contacts on/off, m colour by
-    material / contacts / sleep, f fix / free the picked body, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
+    material / contacts / sleep / speed, f fix / free the picked body, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
     Screenshots go to screenshot_dir/screenshot_NNN.png with a .json beside them (step, time, paused, bodies,
     positions for small scenes): what the UI test checks."""
 
@@ -271,7 +271,7 @@ class InteractiveViewer:
                 self.reset()
             elif key == "c":
                 self.show_contacts = not self.show_contacts
-            elif key == "m":   # material -> contacts -> sleep -> material
+            elif key == "m":   # material -> contacts -> sleep -> speed -> material
                 self.color_mode = COLOR_MODES[(COLOR_MODES.index(self.color_mode) + 1) % len(COLOR_MODES)]
             elif key == "p":
                 self.screenshot_requested = True
@@ -319,10 +319,13 @@ class InteractiveViewer:
             self.show_contacts = g.checkbox("contact points (c)", self.show_contacts)
             by_contacts = g.checkbox("colour by contacts (m)", self.color_mode == "contacts")
             by_sleep = g.checkbox("colour asleep / awake (m)", self.color_mode == "sleep")
+            by_speed = g.checkbox("colour by speed (m)", self.color_mode == "speed")
             if by_contacts != (self.color_mode == "contacts"):
                 self.color_mode = "contacts" if by_contacts else "material"
             elif by_sleep != (self.color_mode == "sleep"):
                 self.color_mode = "sleep" if by_sleep else "material"
+            elif by_speed != (self.color_mode == "speed"):
+                self.color_mode = "speed" if by_speed else "material"
             gy = float(sim.model.gravity[None][1])
             ngy = g.slider_float("gravity y", gy, -20.0, 0.0)
             if ngy != gy:

@@ -46,6 +46,19 @@ def kernel_keys_sleep(body_shape: ti.template(), model: ti.template(), state: ti
 
 
 @ti.kernel
+def kernel_keys_speed(body_shape: ti.template(), body_vel: ti.template(), body_count: ti.i32, buckets: ti.i32,
+                      edges: ti.template(), body_key: ti.template()):
+    """body_key[i] = shape * buckets + the number of speed edges (m/s, ascending) that |v| of body i reaches."""
+    for i in range(body_count):
+        s = body_vel[i].norm()
+        b = 0
+        for k in range(edges.shape[0]):
+            if s >= edges[k]:
+                b = k + 1
+        body_key[i] = body_shape[i] * buckets + b
+
+
+@ti.kernel
 def kernel_sphere_particles(body_key: ti.template(), body_shape: ti.template(), body_pos: ti.template(),
                             body_half_extents: ti.template(), body_count: ti.i32, bucket_color: ti.template(),
                             buckets: ti.i32, sphere_count: ti.template(), center: ti.template(),

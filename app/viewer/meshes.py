@@ -23,6 +23,11 @@ MATERIAL_PALETTE = np.array([
 
 # Contact-count ramp: bucket k = min(contacts, len - 1); 0 contacts (free flight) is a dim grey so that bodies
 # that touch something stand out, then blue -> red with more contacts.
+# colour by speed: bucket k holds speeds from SPEED_EDGES[k - 1] to SPEED_EDGES[k] (m/s), slow blue to fast red
+SPEED_EDGES = np.array([0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0], np.float32)
+SPEED_RAMP = np.array([[0.30, 0.38, 0.62], [0.20, 0.45, 0.90], [0.15, 0.70, 0.90], [0.20, 0.80, 0.55],
+                       [0.55, 0.85, 0.25], [0.95, 0.85, 0.20], [0.98, 0.60, 0.15], [0.95, 0.35, 0.15],
+                       [0.85, 0.15, 0.15]], np.float32)
 # colour by sleep state: awake (bucket 0), asleep (bucket 1)
 SLEEP_COLORS = np.array([[0.95, 0.62, 0.25], [0.30, 0.38, 0.62]], np.float32)
 CONTACT_RAMP = np.array([
@@ -59,7 +64,7 @@ def material_color(name, index: int) -> np.ndarray:
 
 def bucket_colors(mode: str, material_names=None) -> np.ndarray:
     """(COLOR_BUCKETS, 3) colours for 'material' (bucket = material index mod COLOR_BUCKETS; named after
-    material_names where they say what they are), 'contacts' or 'sleep' colouring."""
+    material_names where they say what they are), 'contacts', 'sleep' or 'speed' colouring."""
     out = np.zeros((COLOR_BUCKETS, 3), np.float32)
     names = list(material_names or ())
     for k in range(COLOR_BUCKETS):
@@ -67,6 +72,8 @@ def bucket_colors(mode: str, material_names=None) -> np.ndarray:
             out[k] = CONTACT_RAMP[min(k, len(CONTACT_RAMP) - 1)]
         elif mode == "sleep":
             out[k] = SLEEP_COLORS[min(k, len(SLEEP_COLORS) - 1)]
+        elif mode == "speed":
+            out[k] = SPEED_RAMP[min(k, len(SPEED_RAMP) - 1)]
         else:
             out[k] = material_color(names[k] if k < len(names) else None, k)
     return out

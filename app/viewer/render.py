@@ -392,11 +392,17 @@ class Renderer:
             return
         lists = src.contact_lists() if self.color_mode == "contacts" else None
         sleep = src.sleep_fields() if self.color_mode == "sleep" else None
-        per_frame = lists is not None or sleep is not None   # keys that change every frame
+        speed = src.sleep_fields() if self.color_mode == "speed" else None   # (a live simulation's state)
+        per_frame = lists is not None or sleep is not None or speed is not None   # keys that change every frame
         if lists is not None:
             rk.kernel_keys_contacts(src.body_shape, lists[0], lists[1], n, rm.COLOR_BUCKETS, self.body_key)
         elif sleep is not None:
             rk.kernel_keys_sleep(src.body_shape, sleep[0], sleep[1], n, rm.COLOR_BUCKETS, self.body_key)
+        elif speed is not None:
+            if getattr(self, "_speed_edges", None) is None:
+                self._speed_edges = _field_from(rm.SPEED_EDGES)
+            rk.kernel_keys_speed(src.body_shape, speed[1].body_vel, n, rm.COLOR_BUCKETS, self._speed_edges,
+                                 self.body_key)
         elif self._keys_dirty:
             rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
         rk.kernel_scatter_instances(self.body_key, src.body_pos, src.body_quat, src.body_half_extents, n,

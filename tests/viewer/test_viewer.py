@@ -371,3 +371,27 @@ def test_picking_hits_the_first_body_on_the_ray():
     # the drag spring: at the target and still, it holds the weight
     f = picking.drag_force(2.0, np.zeros(3), np.zeros(3), np.zeros(3), [0, -9.81, 0])
     np.testing.assert_allclose(f, [0, 19.62, 0])
+
+
+def test_speed_keys_follow_the_speed_edges(ti_cpu):
+    import taichi as ti
+
+    from app.viewer import kernels as rk
+
+    speeds = np.array([0.0, 0.049, 0.05, 0.3, 1.0, 4.9, 12.0, 100.0], np.float32)
+    n = len(speeds)
+    vel = ti.Vector.field(3, ti.f32, n)
+    v = np.zeros((n, 3), np.float32)
+    v[:, 0] = speeds * 0.6
+    v[:, 2] = speeds * 0.8
+    vel.from_numpy(v)
+    shape = ti.field(ti.i32, n)
+    shape.from_numpy(np.array([0, 1] * (n // 2), np.int32))
+    edges = ti.field(ti.f32, len(rm.SPEED_EDGES))
+    edges.from_numpy(rm.SPEED_EDGES)
+    key = ti.field(ti.i32, n)
+    rk.kernel_keys_speed(shape, vel, n, rm.COLOR_BUCKETS, edges, key)
+    speed = np.linalg.norm(v, axis=1)
+    expect = shape.to_numpy() * rm.COLOR_BUCKETS + np.searchsorted(rm.SPEED_EDGES, speed, side="right")
+    np.testing.assert_array_equal(key.to_numpy(), expect)
+    assert len(rm.SPEED_RAMP) == len(rm.SPEED_EDGES) + 1 <= rm.COLOR_BUCKETS
