@@ -83,6 +83,8 @@ def _headless_preview(args) -> int:
     return 0
 
 
+# Frames per second of the videos the v key records (one video frame per window frame).
+RECORD_FPS = 30
 # The panel's width in pixels: its longest slider label, "solver iterations", fits.
 PANEL_WIDTH_PX = 400.0
 # Simulation time a frame may take before the viewer runs fewer substeps that frame (ms): the window, camera and
@@ -92,7 +94,7 @@ SIM_BUDGET_MS = 25.0
 
 class InteractiveViewer:
     """The window loop. Keys: space pause, n step one frame, r reset, c contacts on/off, m colour by
-    material / contacts / sleep / speed, f fix / free the picked body, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
+    material / contacts / sleep / speed, f fix / free the picked body, v record an MP4, p screenshot, h panel on/off, Esc quit; right mouse drag looks around, WASD/QE move.
     Screenshots go to screenshot_dir/screenshot_NNN.png with a .json beside them (step, time, paused, bodies,
     positions for small scenes): what the UI test checks."""
 
@@ -114,6 +116,7 @@ class InteractiveViewer:
         self.material_sel = 0
         self.fps = 0.0
         self.draw_ms = 0.0   # a frame's drawing (transforms, GGUI draw, panel, present), moving average
+        self.recorder = None   # while the v key records: an app.viewer.offscreen.VideoWriter
         self.selected = None   # scene index of the body picked with the mouse (app.viewer.picking)
         self._grab = None      # while dragging: (grab point in the body frame, plane point, plane normal)
         self._lmb = False
@@ -214,6 +217,19 @@ class InteractiveViewer:
         print(f"screenshot: {path}", flush=True)
         return path
 
+    def toggle_recording(self):
+        """Start recording what the window shows to screenshot_dir/recording_NNN.mp4 (H.264, 30 frames/s), or stop
+        and finish the file."""
+        from app.viewer.offscreen import VideoWriter
+
+        if self.recorder is not None:
+            self.recorder.close()
+            print(f"recorded: {self.recorder.path} ({self.recorder.frames} frames)", flush=True)
+            self.recorder = None
+            return
+        n = len(glob.glob(os.path.join(self.screenshot_dir, "recording_*.mp4")))
+        self.recorder = VideoWriter(os.path.join(self.screenshot_dir, f"recording_{n:03d}.mp4"), RECORD_FPS)
+
     # ------------------------------------------------------------------ mouse: pick and drag
     def _mouse(self, window, panel_width):
         """Left button: pick the body under the cursor (outside the panel) and drag it while held; release throws
@@ -277,6 +293,8 @@ class InteractiveViewer:
                 self.screenshot_requested = True
             elif key == "h":
                 self.show_panel = not self.show_panel
+            elif key == "v":
+                self.toggle_recording()
             elif key == "f" and self.selected is not None and self.selected < self.sim.body_count:
                 fixed = bool(self.sim.builder.bodies["fixed"][self.selected])
                 self.sim.set_fixed(self.selected, not fixed)
@@ -316,6 +334,8 @@ class InteractiveViewer:
             g.text(f"{sim.contacts_kind} memory: live {fmt_bytes(live)} / reserved {fmt_bytes(reserved)}")
             if self.error:
                 g.text("exploded: press r to reset", color=(1.0, 0.4, 0.3))
+            if self.recorder is not None:
+                g.text(f"recording {os.path.basename(self.recorder.path)} (v stops)", color=(1.0, 0.4, 0.3))
             self.show_contacts = g.checkbox("contact points (c)", self.show_contacts)
             by_contacts = g.checkbox("colour by contacts (m)", self.color_mode == "contacts")
             by_sleep = g.checkbox("colour asleep / awake (m)", self.color_mode == "sleep")
@@ -354,7 +374,7 @@ class InteractiveViewer:
     def run(self) -> int:
         import taichi as ti
 
-        from app.viewer.render import BACKGROUND, Renderer, SimSource, apply_camera, camera_spec
+        from app.viewer.render import BACKGROUND, Renderer, SimSource, apply_camera, camera_spec, image_rgb8
 
         sim = self.sim
         window = open_window(f"{WINDOW_TITLE} - {sim.scene.name}", self.size, show_window=True)
@@ -397,6 +417,9 @@ class InteractiveViewer:
                 if self.screenshot_requested:
                     self.screenshot(window)
                     self.screenshot_requested = False
+                if self.recorder is not None:   # (whole 16-pixel blocks: H.264's macroblocks)
+                    img = image_rgb8(window)
+                    self.recorder.append(img[:img.shape[0] // 16 * 16, :img.shape[1] // 16 * 16])
                 window.show()
                 ms = (time.perf_counter() - t_draw) * 1e3
                 self.draw_ms = ms if self.draw_ms == 0 else 0.9 * self.draw_ms + 0.1 * ms
@@ -408,6 +431,8 @@ class InteractiveViewer:
                     print("viewer ready", flush=True)
                     announced = True
         finally:
+            if self.recorder is not None:   # (a recording still running is finished, not lost)
+                self.toggle_recording()
             close_window(window)
         return 0
 

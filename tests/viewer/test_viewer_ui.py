@@ -149,7 +149,8 @@ def test_keys_drive_the_viewer(xvfb, tmp_path):
 
 def test_mouse_picks_and_drags_a_body(xvfb, tmp_path):
     """Left button on a body, drag, release, as a person would: the body is selected, pulled toward the cursor
-    (up the screen: it rises) while boxes away from it stay where they were; released, it is let go."""
+    (up the screen: it rises) while boxes away from it stay where they were; released, it is let go. Then the v
+    key records the window to an MP4."""
     from app.viewer.render import project
 
     env = dict(os.environ, DISPLAY=xvfb, PYTHONPATH=ROOT)
@@ -208,6 +209,20 @@ def test_mouse_picks_and_drags_a_body(xvfb, tmp_path):
         far = (np.linalg.norm(p0 - p0[0], axis=1) > 0.7) & boxes
         assert far.sum() >= 4 and np.abs(p1[far] - p0[far]).max() < 0.03, np.abs(p1 - p0).max(axis=1)
         assert s2["dragging"] is False
+        # v records what the window shows to an MP4, v again finishes it
+        xdo("key", "v")
+        time.sleep(1.5)
+        xdo("key", "v")
+        video = shots / "recording_000.mp4"
+        _wait(lambda: "recorded:" in (tmp_path / "viewer.log").read_text(), ACTION_TIMEOUT_S, "the recording")
+        import imageio.v2 as imageio
+
+        reader = imageio.get_reader(str(video))
+        count = reader.count_frames()
+        last = reader.get_data(count - 1)
+        reader.close()
+        assert count >= 5 and last.shape[:2] == (H // 16 * 16, W // 16 * 16)
+        assert last.std() > 15   # the window's picture, not a blank frame
         xdo("key", "Escape")
         _wait(lambda: viewer.poll() is not None, ACTION_TIMEOUT_S, "the viewer to exit on Esc")
     finally:
