@@ -403,6 +403,8 @@ class InteractiveViewer:
                 t_draw = time.perf_counter()
                 renderer.set_color_mode(self.color_mode)
                 renderer.show_contacts = self.show_contacts
+                renderer.highlight = int(sim.internal_of[self.selected]) \
+                    if self.selected is not None and self.selected < sim.body_count else -1
                 renderer.update()
                 now = time.perf_counter()
                 if now - self._mem_time > 0.5:

@@ -128,6 +128,22 @@ def kernel_contact_glyphs(lists: ti.template(), list_base: ti.i32, body_count: t
 
 
 @ti.kernel
+def kernel_body_glyphs(lists: ti.template(), list_base: ti.i32, body: ti.i32, normal_length: ti.f32,
+                       impulse_ref: ti.f32, glyph_point: ti.template(), glyph_line: ti.template(),
+                       glyph_count: ti.template()):
+    """The contacts of one body (its own list), as kernel_contact_glyphs draws them, with the normal that pushes
+    this body."""
+    glyph_count[None] = 0
+    for k in range(ti.min(lists.length(list_base + body), glyph_point.shape[0])):
+        c = lists.get(list_base + body, k)
+        n = record_normal(c)
+        slot = ti.atomic_add(glyph_count[None], 1)
+        glyph_point[slot] = c.point
+        glyph_line[2 * slot] = c.point
+        glyph_line[2 * slot + 1] = c.point + normal_length * ti.min(c.impulse_n / impulse_ref, 4.0) * n
+
+
+@ti.kernel
 def kernel_upload_poses(src_pos: ti.types.ndarray(dtype=vec3, ndim=1), src_quat: ti.types.ndarray(ndim=2),
                         body_count: ti.i32, body_pos: ti.template(), body_quat: ti.template()):
     """Replay: copy one recorded frame (N,3) / (N,4) into the viewer's own pose fields."""

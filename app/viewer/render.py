@@ -245,6 +245,11 @@ def project(points, spec: dict, width: int, height: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------
 # renderer
 # --------------------------------------------------------------------------------------------------------------
+# The picked body's contacts: at most this many, drawn in this colour.
+PICK_GLYPHS = 256
+PICK_COLOR = (0.25, 0.95, 0.45)
+
+
 def _field_from(array, n_components=None, dtype=ti.f32):
     a = np.ascontiguousarray(array)
     if n_components is None:
@@ -274,6 +279,8 @@ class Renderer:
         self._keys_dirty = True
         self._host_counts = None
         self.contact_glyphs = 0
+        self.pick_glyphs = 0
+        self.highlight = -1   # stored index of a body whose contacts are drawn (the viewer's picked body), or -1
         self._build_body_meshes()
         self._sync_capacity()
         self._build_statics()
@@ -309,6 +316,9 @@ class Renderer:
             self.sphere_color = ti.Vector.field(3, ti.f32, cap)
             self.sphere_count = ti.field(ti.i32, ())
             self.bucket_color = ti.Vector.field(3, ti.f32, rm.COLOR_BUCKETS)
+            self.pick_point = ti.Vector.field(3, ti.f32, PICK_GLYPHS)
+            self.pick_line = ti.Vector.field(3, ti.f32, 2 * PICK_GLYPHS)
+            self.pick_count = ti.field(ti.i32, ())
             self._bucket_colors_for = None
         self._generation = gen
         self._keys_dirty = True
@@ -416,6 +426,12 @@ class Renderer:
         if per_frame or self._keys_dirty or self._host_counts is None:
             self._host_counts = self.key_count.to_numpy()
             self._keys_dirty = per_frame
+        self.pick_glyphs = 0
+        picked = src.contact_lists() if self.highlight >= 0 else None
+        if picked is not None and self.highlight < n:
+            rk.kernel_body_glyphs(picked[0], picked[1], self.highlight, 1.5 * self.size_hint, src.weight_impulse(),
+                                  self.pick_point, self.pick_line, self.pick_count)
+            self.pick_glyphs = min(int(self.pick_count[None]), PICK_GLYPHS)
         self.contact_glyphs = 0
         cl = src.contact_lists() if self.show_contacts else None
         if cl is not None:
@@ -451,6 +467,10 @@ class Renderer:
                                         transforms=self.instance_transform, instance_offset=offset,
                                         instance_count=cnt)
                 offset += cnt
+        if self.pick_glyphs:
+            k = self.pick_glyphs
+            scene.particles(self.pick_point, radius=0.3 * self.size_hint, color=PICK_COLOR, index_count=k)
+            scene.lines(self.pick_line, width=2.0, color=PICK_COLOR, vertex_count=2 * k)
         if self.contact_glyphs:
             k = min(self.contact_glyphs, self.glyph_point.shape[0])
             scene.particles(self.glyph_point, radius=0.25 * self.size_hint, color=CONTACT_POINT_COLOR,
