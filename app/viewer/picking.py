@@ -19,12 +19,11 @@ DRAG_HZ = 2.0   # the spring's natural frequency (1/s)
 def cursor_ray(position, lookat, up, fov_deg, aspect, cx, cy):
     """(origin, unit direction) of the ray through cursor (cx, cy) in [0, 1]^2 (x right, y up, GGUI's cursor
     coordinates) of a pinhole camera at `position` looking at `lookat` with vertical field of view fov_deg."""
+    from app.viewer.render import look_at_matrix   # (the camera basis the renderer's projection uses)
+
     o = np.asarray(position, np.float64)
-    f = np.asarray(lookat, np.float64) - o
-    f /= np.linalg.norm(f)
-    r = np.cross(f, np.asarray(up, np.float64))
-    r /= np.linalg.norm(r)
-    u = np.cross(r, f)
+    v = look_at_matrix(position, lookat, up)
+    r, u, f = v[0, :3], v[1, :3], -v[2, :3]
     t = math.tan(math.radians(fov_deg) / 2)
     d = f + (2 * cx - 1) * t * aspect * r + (2 * cy - 1) * t * u
     return o, d / np.linalg.norm(d)
