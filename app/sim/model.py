@@ -181,6 +181,7 @@ class ModelBuilder:
         # the walls' reach is sized from the scene's own bodies (bodies added later do not move the walls)
         self.plane_rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
         self.bodies = {}
+        self._freed = {}   # body -> (inverse mass, inverse inertia) from before set_fixed fixed it
         self.add_bodies(scene.bodies)
 
     @property
@@ -299,8 +300,6 @@ class ModelBuilder:
         """Fix (zero inverse mass and inertia) or free again scene body `body`, stored at index `stored`, here and
         in `model`, from the next step. A body fixed in the scene cannot be freed (its mass was never kept)."""
         b = self.bodies
-        if not hasattr(self, "_freed"):
-            self._freed = {}   # body -> (inverse mass, inverse inertia) from before it was fixed at run time
         if fixed and not b["fixed"][body]:
             self._freed[body] = (float(b["inv_mass"][body]), np.array(b["inv_inertia"][body]))
             inv_m, inv_i = 0.0, np.zeros(3)

@@ -91,8 +91,8 @@ class SimSource:
         c = self.sim.contacts
         return c.lists, c.base
 
-    def sleep_fields(self):
-        """(model, state): what app.sim.state.asleep_by_time reads."""
+    def live_fields(self):
+        """(model, state) of a live simulation: what the sleep and speed colourings read."""
         return self.sim.model, self.sim.state
 
     def weight_impulse(self) -> float:
@@ -158,7 +158,7 @@ class PoseSource:
     def contact_lists(self):
         return None
 
-    def sleep_fields(self):
+    def live_fields(self):
         return None
 
 
@@ -401,8 +401,8 @@ class Renderer:
             self._host_counts = np.zeros(2 * rm.COLOR_BUCKETS, np.int32)
             return
         lists = src.contact_lists() if self.color_mode == "contacts" else None
-        sleep = src.sleep_fields() if self.color_mode == "sleep" else None
-        speed = src.sleep_fields() if self.color_mode == "speed" else None   # (a live simulation's state)
+        sleep = src.live_fields() if self.color_mode == "sleep" else None
+        speed = src.live_fields() if self.color_mode == "speed" else None
         per_frame = lists is not None or sleep is not None or speed is not None   # keys that change every frame
         if lists is not None:
             rk.kernel_keys_contacts(src.body_shape, lists[0], lists[1], n, rm.COLOR_BUCKETS, self.body_key)
