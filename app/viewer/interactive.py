@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from app.errors import UserError
+from app.viewer.pacing import FramePacer
 from app.files import write_named_atomic, write_text_atomic
 from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
                                 fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
@@ -87,9 +88,6 @@ def _headless_preview(args) -> int:
 RECORD_FPS = 30
 # The panel's width in pixels: its longest slider label, "solver iterations", fits.
 PANEL_WIDTH_PX = 400.0
-# Simulation time a frame may take before the viewer runs fewer substeps that frame (ms): the window, camera and
-# panel stay responsive (about 15 frames/s or more) when the simulation is slow, at less than real time.
-SIM_BUDGET_MS = 25.0
 
 
 class InteractiveViewer:
@@ -122,6 +120,8 @@ class InteractiveViewer:
         self._lmb = False
         self._camera_spec = None   # (position, lookat, up, fov) of the camera this frame
         self.step_ms = 0.0
+        self.frame_steps = 0
+        self.pacer = FramePacer(sim.substeps)
         self._mem = (0, 0)
         self._mem_time = 0.0
         self._last = time.perf_counter()
@@ -175,16 +175,19 @@ class InteractiveViewer:
         sim.add_bodies(bodies)
 
     def advance(self):
-        """One frame of simulation: sim.substeps steps, fewer while playing when they would take longer than
-        SIM_BUDGET_MS (the window, camera and panel keep their frame rate; the panel shows the real-time factor).
-        The n key always steps a whole frame."""
+        """One frame of simulation: the steps the pacer gives this frame while playing (app.viewer.pacing: the
+        window keeps its frame rate when the simulation is slow; the panel shows the real-time factor), possibly
+        none. The n key always steps a whole frame."""
         import taichi as ti
 
         from app.sim import SimulationError
 
         steps = self.sim.substeps
-        if self.playing and not self.step_requested and self.step_ms > 0:
-            steps = max(1, min(steps, int(SIM_BUDGET_MS / self.step_ms)))
+        if self.playing and not self.step_requested:
+            steps = self.pacer.steps(self.step_ms, self.draw_ms)
+        self.frame_steps = steps
+        if steps == 0:
+            return
         t0 = time.perf_counter()
         try:
             self.sim.step_frame(steps)
@@ -195,8 +198,8 @@ class InteractiveViewer:
             return
         ti.sync()
         ms = (time.perf_counter() - t0) * 1e3 / steps
-        self.frame_steps = steps
-        self.step_ms = ms if self.step_ms == 0 else 0.8 * self.step_ms + 0.2 * ms
+        # (a faster step is believed at once: the first frames' include kernel compiles)
+        self.step_ms = ms if self.step_ms == 0 or ms < self.step_ms else 0.8 * self.step_ms + 0.2 * ms
         self.frames += 1
 
     def screenshot(self, window) -> str:
@@ -314,8 +317,8 @@ class InteractiveViewer:
             if g.button("screenshot (p)"):
                 self.screenshot_requested = True
             g.text(f"{self.fps:5.1f} fps   {self.step_ms:6.2f} ms / step")
-            steps = getattr(self, "frame_steps", sim.substeps)
-            realtime = self.fps * steps * sim.dt if self.playing else 0.0
+            steps = self.frame_steps
+            realtime = self.pacer.realtime if self.playing else 0.0
             g.text(f"frame: sim {self.step_ms * steps:5.1f} ms ({steps}/{sim.substeps} steps)   "
                    f"draw {self.draw_ms:5.1f} ms")
             g.text(f"x{realtime:.2f} real time")
@@ -396,6 +399,7 @@ class InteractiveViewer:
                 self._camera_spec = (tuple(camera.curr_position), tuple(camera.curr_lookat), tuple(camera.curr_up),
                                      spec["fov"])
                 self._mouse(window, min(0.5, PANEL_WIDTH_PX / self.size[0]))
+                t_sim = sim.sim_time
                 if self.playing or self.step_requested:
                     if self.error is None:
                         self.advance()
@@ -427,6 +431,8 @@ class InteractiveViewer:
                 self.draw_ms = ms if self.draw_ms == 0 else 0.9 * self.draw_ms + 0.1 * ms
                 dt = now - self._last
                 self._last = now
+                if self.playing:
+                    self.pacer.frame_done(sim.sim_time - t_sim, dt)
                 if dt > 0:
                     self.fps = 1.0 / dt if self.fps == 0 else 0.9 * self.fps + 0.1 / dt
                 if not announced:

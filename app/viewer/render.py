@@ -490,6 +490,9 @@ def _nice_cell(extent: float) -> float:
 
 def image_rgb8(window) -> np.ndarray:
     """The window's current image as (H, W, 3) uint8, top row first. Ends the frame (draw again after)."""
-    img = window.get_image_buffer_as_numpy()  # (W, H, 4) float, y up
-    rgb = np.clip(img[:, :, :3], 0.0, 1.0)
-    return (rgb.transpose(1, 0, 2)[::-1] * 255.0 + 0.5).astype(np.uint8)
+    img = window.get_image_buffer_as_numpy()  # (W, H, 4) float, y up: GGUI's RGBA8 bytes / 255
+    # in place, in one contiguous pass each (the frame's slowest host work after the capture): the values are
+    # bytes / 255, so x * 255 + 0.5 rounds back to the byte without a clip
+    np.multiply(img, np.float32(255.0), out=img)
+    np.add(img, np.float32(0.5), out=img)
+    return np.ascontiguousarray(img.astype(np.uint8)[:, ::-1, :3].transpose(1, 0, 2))

@@ -1,0 +1,37 @@
+"""app.viewer.pacing.FramePacer: steps per frame from step and draw times (pure Python, no window)."""
+import pytest
+
+from app.viewer.pacing import MAX_IDLE_FRAMES, MIN_SIM_SHARE, TARGET_FRAME_MS, FramePacer
+
+
+def _run(pacer, step_ms, draw_ms, frames):
+    return [pacer.steps(step_ms, draw_ms) for _ in range(frames)]
+
+
+@pytest.mark.parametrize("step_ms,draw_ms", [(11.0, 5.0), (2.4, 10.0), (30.0, 300.0), (0.5, 1.0), (200.0, 2.0)])
+def test_steps_follow_the_budget(step_ms, draw_ms):
+    substeps = 8
+    steps = _run(FramePacer(substeps), step_ms, draw_ms, 600)
+    assert all(0 <= n <= substeps for n in steps)
+    budget = max(TARGET_FRAME_MS - draw_ms, MIN_SIM_SHARE * max(draw_ms, TARGET_FRAME_MS))
+    expected = max(min(budget / step_ms, substeps), 1.0 / MAX_IDLE_FRAMES)
+    assert abs(sum(steps) / len(steps) - expected) <= 0.02 * expected + 2.0 / len(steps)
+    # never more than MAX_IDLE_FRAMES - 1 frames in a row without a step
+    run = longest = 0
+    for n in steps:
+        run = run + 1 if n == 0 else 0
+        longest = max(longest, run)
+    assert longest < MAX_IDLE_FRAMES
+
+
+def test_a_fast_scene_runs_every_substep_and_the_first_frame_one_step():
+    pacer = FramePacer(8)
+    assert pacer.steps(0.0, 0.0) == 1          # nothing timed yet
+    assert _run(pacer, 0.1, 2.0, 10) == [8] * 10
+
+
+def test_realtime_factor_is_sim_time_over_wall_time():
+    pacer = FramePacer(8)
+    for _ in range(200):
+        pacer.frame_done(0.004, 0.016)
+    assert pacer.realtime == pytest.approx(0.25)
