@@ -13,21 +13,46 @@ class Terminated(KeyboardInterrupt):
     so far are kept or marked incomplete, and run.py exits with 143."""
 
 
+# Signals whose exception the handler raised, not yet taken by raise_if_signalled. Python ignores an exception
+# raised in a __del__ ("Exception ignored in ..."): a Ctrl-C that lands while Taichi frees an object would be
+# lost, and a long run would go on. The loops that run for long check here too.
+_SIGNALLED = []
+
+
 def terminate_as_exception():
-    """Turn SIGTERM into Terminated in the main thread (where Python runs signal handlers), unless a handler of the
-    program's own is installed already."""
+    """Turn SIGTERM into Terminated, and Ctrl-C into KeyboardInterrupt, in the main thread (where Python runs
+    signal handlers), each also remembered for raise_if_signalled; unless a handler of the program's own is
+    installed already."""
     import signal
 
-    if not hasattr(signal, "SIGTERM") or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-        return
-
     def handler(signum, frame):
-        raise Terminated()
+        _SIGNALLED.append(signum)
+        raise Terminated() if signum == getattr(signal, "SIGTERM", None) else KeyboardInterrupt()
 
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
+    for name, default in (("SIGTERM", signal.SIG_DFL), ("SIGINT", signal.default_int_handler)):
+        sig = getattr(signal, name, None)
+        if sig is None or signal.getsignal(sig) not in (default, signal.SIG_DFL, None):
+            continue
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+
+
+def raise_if_signalled():
+    """Raise the exception of a signal whose handler's raise was swallowed (see _SIGNALLED); call between the
+    pieces of work of a long loop."""
+    import signal
+
+    if _SIGNALLED:
+        signum = _SIGNALLED.pop()
+        _SIGNALLED.clear()
+        raise Terminated() if signum == getattr(signal, "SIGTERM", None) else KeyboardInterrupt()
+
+
+def signal_taken():
+    """The exception of the last signal reached its handler's catcher: forget it."""
+    _SIGNALLED.clear()
 
 
 # The environment variable by which a batch hands its worker the driver's pid (app.batch.worker).

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from app.errors import UserError
+from app.errors import UserError, raise_if_signalled, signal_taken
 from app.files import write_atomic, write_text_atomic
 from app.runtime import ensure_taichi, taichi_program
 from app.scene import load_scene
@@ -120,6 +120,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
     t_first = None
     try:
         for f in range(frames):
+            raise_if_signalled()   # (a Ctrl-C whose exception Python swallowed: app.errors)
             sim.step_frame()
             if on_frame is not None:  # viewer hook (offscreen frames / video); see app.viewer.offscreen.frame_callback
                 on_frame(sim, f)
@@ -141,6 +142,7 @@ def run_headless(scene_path, frames, out_dir, arch="auto", record=False, overrid
         error = e
         status = "error"
     except KeyboardInterrupt as e:   # Ctrl-C, or SIGTERM (app.errors.Terminated): write what there is, marked
+        signal_taken()
         error = e
         status = "interrupted"
     finally:

@@ -333,6 +333,11 @@ class ContactSet:
         self.generation = 0
         self.failed_step = ti.field(ti.i32, ())
         self.failed_step[None] = NO_FAILURE
+        # impacts this step (app.sim.solver.kernel_impacts): bodies whose velocity an impact may change, per
+        # impact iteration (ping-pong), their approaching contacts, and whether any contact impacts at all
+        self.impact_dirty = ti.field(ti.i32, (2, self.body_capacity))
+        self.impact_active = ti.field(ti.i32, self.body_capacity)
+        self.impact_any = ti.field(ti.i32, ())
 
     @ti.func
     def skipping(self):
@@ -365,6 +370,8 @@ class ContactSet:
     def reset(self):
         kernel_clear_lists(self.lists, 0, 2 * self.body_capacity)
         self.failed_step[None] = NO_FAILURE
+        self.impact_dirty.fill(0)
+        self.impact_any[None] = 0
 
     def lengths(self, body_count: int) -> np.ndarray:
         """Contacts per body in the current generation, (body_count,) int32."""

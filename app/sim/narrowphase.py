@@ -518,7 +518,8 @@ def _ordered_pair(model: ti.template(), grid: ti.template(), t, j):
 
 @ti.func
 def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
-                   base, prev_base, dt, diagnostics: ti.template(), margin, t, j, cls: ti.template()):
+                   base, prev_base, dt, diagnostics: ti.template(), contacts: ti.template(), margin, t, j,
+                   cls: ti.template()):
     """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
     plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
     i, jj = _ordered_pair(model, grid, t, j)
@@ -528,7 +529,7 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
     if jj >= 0:
         reach += grid.body_reach[jj]
     m = _pair_manifold(model, state, i, jj, ti.max(margin, reach), cls)
-    _emit_contacts(model, state, lists, base, prev_base, dt, diagnostics, i, jj, m)
+    _emit_contacts(model, state, lists, base, prev_base, dt, diagnostics, contacts, i, jj, m)
 
 
 @ti.func
@@ -545,13 +546,13 @@ def _wake_if_touched(model: ti.template(), state: ti.template(), a, b):
 
 @ti.func
 def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
-                   diagnostics: ti.template(), i, j, m):
+                   diagnostics: ti.template(), contacts: ti.template(), i, j, m):
     """Append manifold m of pair (i, j) (i the lower body id, see _ordered_pair; or j = -1 - plane) to both
     bodies' lists (lists[base + body]): both copies store the normal that pushes i (the manifold's normal
     points from i to j; a plane's pushes the body), j's copy with SECOND_COPY in its feature. Kept out of the
     per-class code so that the kernel inlines it once per loop (compile time)."""
     if m.count > 0:
-        # Once per pair, not per copy: both copies get the same restitution target (bias) and warm-start impulses
+        # Once per pair, not per copy: both copies get the same speculative target (bias) and warm-start impulses
         # (mirrored), from one key search.
         g = model.gravity[None]
         warm = model.warm_start[None]
@@ -598,8 +599,13 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             rj = point - xj
             vn0 = ((vi + wi.cross(ri)) - (vj + wj.cross(rj))).dot(n)
             bias = ti.min(depth, 0.0) / dt   # speculative: may approach by the gap, no further
-            if vn0 < -threshold and depth > vn0 * dt:
-                bias = -e * vn0   # it touches within this step: bounce
+            if vn0 < -threshold and depth > vn0 * dt and e > 0.0:
+                # it touches within this step, fast enough to bounce: the impact pass (app.sim.solver.
+                # kernel_impacts) starts from both bodies
+                contacts.impact_dirty[0, i] = 1
+                if j >= 0:
+                    contacts.impact_dirty[0, j] = 1
+                contacts.impact_any[None] = 1
             jn = 0.0
             c = ti.Vector([0.0, 0.0])   # copy i's friction impulse, along its tangents
             p = -1
@@ -655,8 +661,8 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     through the flat slots, their threads met empty slots and other classes' pairs (measured on the H200:
     5 of 32 lanes of a warp active in the box-box loop). The pairs are committed before this kernel runs
     (find_contacts), so every pair is in its list's own storage.
-    Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: the
-    restitution targets), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
+    Inputs: model (shapes, planes, materials, contact_margin, warm_start), state (poses and velocities: which
+    contacts collide), grid (body_order, pairs), lists[prev_base + body] (last step's contacts: the warm
     start). Outputs: lists[base + body] (contact storage), diagnostics.max_depth (atomic max). compact: scratch of
     grid.compact_pairs_size(n) entries. Emptying the lists first (a separate loop of the same launch) makes the
     kernel safe to re-run as a whole, which vla.launch(..., rollback=False) relies on. Does nothing while
@@ -682,7 +688,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
             s = pool_begin + e - inline_slots
         lst, _ = grid.pairs.flat_index(s)
         if lst >= 0 and lst < stride:
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, margin, lst,
+            _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, contacts, margin, lst,
                            grid.pairs.flat_value(s), 0)
     # the other classes: pack (one prefix sum over their lists, class after class, so each class's pairs
     # come out as one run of `compact`), then one dense loop per class
@@ -698,7 +704,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         lo = grid.compact_start[k * stride]
         for e in range(ti.select(run, grid.compact_start[(k + 1) * stride] - lo, 0)):
             tj = compact[lo + e]
-            _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, margin, tj[0], tj[1],
+            _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, contacts, margin, tj[0], tj[1],
                            COMPACT_CLASSES[k])
 
 

@@ -17,14 +17,15 @@ in the iterations. The two copies of a pair contact see the same inputs and so c
 impulse (with opposite sign), keeping Newton's third law.
 
 Per contact: a normal impulse (accumulated, clamped >= 0), a Coulomb friction impulse (accumulated
-tangential vector, clamped to |P_t| <= mu * P_n with mu = sqrt(mu_a mu_b)), restitution as a target
-normal velocity -e * v_n0 with e = max(e_a, e_b) when the approach is faster than
-restitution_threshold, and position correction by split impulses (Catto 2006; Bullet's
+tangential vector, clamped to |P_t| <= mu * P_n with mu = sqrt(mu_a mu_b)), restitution in an impact pass
+before the iterations (kernel_impacts: contacts closing faster than restitution_threshold collide, and an
+impact travels along chains of touching bodies), and position correction by split impulses (Catto 2006; Bullet's
 "split impulse"): a separate pseudo-velocity solve removes position_correction * (depth - slop) per
 step and is discarded after integration, so correcting penetration adds no kinetic energy (a
 Baumgarte bias would make balls bounce higher than they fell). Last step's impulses warm-start this
-step (matched by other body and feature id); the narrowphase sets them, and each restitution target, once
-per pair when it appends the pair's two copies (app.sim.narrowphase._emit_contacts).
+step (matched by other body and feature id); the narrowphase sets them, and each speculative target, once
+per pair when it appends the pair's two copies (app.sim.narrowphase._emit_contacts), and marks the bodies of
+contacts that collide for the impact pass.
 """
 
 import taichi as ti
@@ -120,7 +121,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                    solver: ti.template(), contacts: ti.template(), diagnostics: ti.template(), dt: ti.f32):
     """Per body (a sleeping one stays still and counts as fixed: app.sim.state.asleep): apply gravity and the
     warm-start impulses
-    its contacts already carry (the narrowphase set them, and each restitution target, from last step's lists:
+    its contacts already carry (the narrowphase set them, and each speculative target, from last step's lists:
     app.sim.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
     appended them (any order gives the same motion: see FIXED_ONE).
 
@@ -312,6 +313,114 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
         solver.motion[dst, i] = pack_motion(Motion(v=v, w=w, pv=pv, pw=pw))
 
 
+# Impact iterations a step: how far an impact travels along a chain of touching bodies (one contact an
+# iteration: a five-ball Newton's cradle needs four). Even, so that the pass ends in motion buffer 0.
+IMPACT_ITERATIONS = 6
+
+
+@ti.func
+def _impact_closing(model: ti.template(), solver: ti.template(), src, i, rec, dt):
+    """(approaching, vn, n, ri, rj, bj, e) of body i's contact rec with the velocities of motion[src]: whether it
+    closes faster than the restitution threshold and within this step."""
+    j = rec.other
+    n = record_normal(rec)
+    bi = unpack_body(solver.body[i])
+    mi = unpack_motion(solver.motion[src, i])
+    mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
+    bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
+                    split=0.0, friction=0.0)
+    mat_j = 0
+    if j >= 0:
+        mj = unpack_motion(solver.motion[src, j])
+        bj = unpack_body(solver.body[j])
+        mat_j = model.body_material[j]
+    else:
+        mat_j = model.plane_material[-1 - j]
+    ri = rec.point - bi.pos
+    rj = rec.point - bj.pos
+    vn = ((mi.v + mi.w.cross(ri)) - (mj.v + mj.w.cross(rj))).dot(n)
+    e = ti.max(model.material_restitution[model.body_material[i]], model.material_restitution[mat_j])
+    approaching = vn < -model.restitution_threshold[None] and rec.depth > vn * dt and e > 0.0
+    return approaching, vn, n, ri, rj, bj, e
+
+
+@ti.kernel
+def kernel_impacts(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
+                   contacts: ti.template(), dt: ti.f32):
+    """Restitution, before the contact iterations: IMPACT_ITERATIONS Jacobi iterations of collisions on
+    solver.motion (buffer 0 -> 1 -> 0 ...). In each, every contact closing faster than the restitution threshold
+    (and within the step) is resolved as a collision of its own: the relative normal velocity vn becomes -e vn,
+    with e = max(e_a, e_b), each body's mass split among its contacts that collide in this iteration (Tonge's
+    mass splitting, over the colliding contacts only). A body an impact changed makes itself and every body it
+    touches take part in the next iteration, so an impact travels along a chain of touching bodies one contact
+    an iteration: the first ball of a Newton's cradle stops, the impact crosses the row, the last ball leaves
+    (Guendelman, Bridson and Fedkiw 2003 separate collisions from contacts the same way). A collision target
+    fixed from the velocities before the solve (Box2D's restitution pass) treats a chain's resting contacts as
+    inelastic and sends the first ball back. The contact iterations after this then see the separating
+    velocities and keep them. Only bodies the narrowphase marked (contacts.impact_dirty) and those an impact
+    reaches do work; none when no contact collides (contacts.impact_any). The same gather as the contact
+    iterations: both copies of a pair compute the same impulse, sums in fixed point (bit-identical reruns)."""
+    n_bodies = ti.select(contacts.skipping() or contacts.impact_any[None] == 0, 0, model.body_count[None])
+    for c in ti.static(range(IMPACT_ITERATIONS)):
+        src = c % 2
+        dst = 1 - src
+        for i in range(n_bodies):   # colliding contacts of each marked body
+            active = 0
+            contacts.impact_dirty[dst, i] = 0
+            if contacts.impact_dirty[src, i] != 0:
+                li = base + i
+                for k in range(lists.length(li)):
+                    rec = lists.get(li, k)
+                    j = rec.other
+                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, i, rec, dt)
+                    if closing and (j < 0 or contacts.impact_dirty[src, j] != 0):
+                        active += 1
+            contacts.impact_active[i] = active
+        for i in range(n_bodies):   # collide them
+            mo = unpack_motion(solver.motion[src, i])
+            bi = unpack_body(solver.body[i])
+            n_i = contacts.impact_active[i]
+            if contacts.impact_dirty[src, i] != 0 and n_i > 0 and bi.inv_mass > 0.0:
+                li = base + i
+                scale = fixed_scale(bi.inv_mass)
+                scale_w = angular_scale(bi.inv_inertia_d)
+                P_sum = ivec3(0)
+                L_sum = ivec3(0)
+                check = 0.0
+                for k in range(lists.length(li)):
+                    rec = lists.get(li, k)
+                    j = rec.other
+                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, i, rec, dt)
+                    if closing and (j < 0 or contacts.impact_dirty[src, j] != 0):
+                        n_j = 0.0
+                        if j >= 0:
+                            n_j = ti.cast(contacts.impact_active[j], ti.f32)
+                        rin = ri.cross(nrm)
+                        rjn = rj.cross(nrm)
+                        k_i = ti.cast(n_i, ti.f32) * (bi.inv_mass + rin.dot(sym_mul(bi.inv_inertia_d,
+                                                                                      bi.inv_inertia_o, rin)))
+                        k_j = n_j * (bj.inv_mass + rjn.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjn)))
+                        dj = -(1.0 + e) * vn / (k_i + k_j)
+                        P_sum += fixed(dj * nrm, scale)
+                        L_sum += fixed(dj * rin, scale_w)
+                        check += dj
+                        if j >= 0:   # it touches j: j takes part in the next iteration
+                            contacts.impact_dirty[dst, j] = 1
+                contacts.impact_dirty[dst, i] = 1
+                for k in range(lists.length(li)):   # and so does every body i touches
+                    j = lists.get_member(li, k, "other")
+                    if j >= 0:
+                        contacts.impact_dirty[dst, j] = 1
+                mo.v = flag_non_finite(mo.v + bi.inv_mass * unfixed(P_sum, scale), check)
+                mo.w = mo.w + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale_w))
+            solver.motion[dst, i] = pack_motion(mo)
+    if not contacts.skipping():
+        contacts.impact_any[None] = 0
+    for i in range(ti.select(contacts.skipping(), 0, model.body_count[None])):
+        contacts.impact_dirty[0, i] = 0
+        contacts.impact_dirty[1, i] = 0
+
+
 @ti.data_oriented
 class JacobiSolver:
     """Owns the iteration buffers and launches the kernels; `step(state_in, state_out, contacts, dt)`.
@@ -350,6 +459,7 @@ class JacobiSolver:
         longest list). Any order gives the same result: each thread writes only its own body, from the
         previous iteration's buffers."""
         kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, self.diagnostics, dt)
+        kernel_impacts(self.model, contacts.lists, contacts.base, self, contacts, dt)
         src = 0
         left = self.iterations
         while left > 0:

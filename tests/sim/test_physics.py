@@ -477,3 +477,27 @@ def test_a_body_fixed_at_run_time_stops_and_freed_falls_again(sim):
     sim.set_fixed(0, False)
     _run(sim, 0.1)
     assert here[1] - sim.positions()[0, 1] > 0.5 * G * 0.1 ** 2 * 0.9
+
+
+CRADLE_LAST_MIN = 0.9      # the last ball leaves with at least this x v0
+CRADLE_REST_MAX = 0.1      # every other ball ends slower than this x v0
+CRADLE_ENERGY_MIN = 0.9    # kinetic energy kept
+
+
+@pytest.mark.parametrize("gap", [0.0, 0.001])
+def test_newtons_cradle_passes_the_impact_along_the_row(sim, gap):
+    """Five elastic balls in a row on a frictionless floor, touching (gap 0) or 1 mm apart; the first comes in
+    at v0. The impact crosses the row: the last ball leaves at v0, the others stay (app.sim.solver.kernel_impacts)."""
+    r, v0 = 0.1, 1.0
+    mats = {"steel": {"density": 7800, "friction": 0.0, "restitution": 1.0},
+            "m": {"density": 1000, "friction": 0.0, "restitution": 0.0}}
+    balls = [_sphere(r, [-(2 * r + gap) - 0.05, r, 0], velocity=[v0, 0, 0], mat="steel")]
+    balls += [_sphere(r, [k * (2 * r + gap), r, 0], mat="steel") for k in range(4)]
+    floor = [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "m"}]
+    sim.load(scene_from_dict(_scene(balls, statics=floor, materials=mats)))
+    m = sim.shapes()["mass"].astype(np.float64)
+    _run(sim, 0.5)
+    v = sim.velocities().astype(np.float64)[:, 0]
+    assert v[4] >= CRADLE_LAST_MIN * v0, v
+    assert np.abs(v[:4]).max() <= CRADLE_REST_MAX * v0, v
+    assert 0.5 * (m * v ** 2).sum() >= CRADLE_ENERGY_MIN * 0.5 * m[0] * v0 ** 2, v

@@ -691,24 +691,25 @@ def test_advance_with_resorts_and_redone_steps_ends_where_checked_steps_end(sim)
 
 
 def test_a_failed_step_and_a_resort_in_one_advance(sim):
-    # A resort renumbers the bodies and their contacts (advance() checks its steps before one). Here step 302
-    # fails (the pairs' pool cut to one chunk just before it) and the resort comes after step 303: 306 steps in
-    # one advance() must end where checked steps with the same resort end, to the last bit.
+    # A resort renumbers the bodies and their contacts (advance() checks its steps before one). Here step 313
+    # fails (the pairs' pool cut to one chunk just before it; from step 313 on two bodies' pairs outgrow their
+    # inline part, so one chunk cannot hold them) and the resort comes after step 314: 317 steps in one
+    # advance() must end where checked steps with the same resort end, to the last bit.
     scene = _small_pile("vla")
-    ref, _ = _run_recording(sim, scene, 306, resort_at=(303,))
+    ref, _ = _run_recording(sim, scene, 317, resort_at=(314,))
     min_bodies = sim.resort_min_bodies
     try:
         sim.load(scene)
         sim.resort_interval = 0
-        sim.advance(300)
-        sim.resort_interval = 304
+        sim.advance(311)
+        sim.resort_interval = 315
         sim.resort_min_bodies = 0
         sim._check_every = sim.CHECK_STEPS
         regrowths = sim.vla_regrowths
         real_launch = type(sim)._launch_step
 
         def launch():
-            if sim.step_count == 302:
+            if sim.step_count == 313:
                 sim.grid.pairs.clear_all()
                 sim.grid.pairs.trim()
             real_launch(sim)
@@ -719,9 +720,9 @@ def test_a_failed_step_and_a_resort_in_one_advance(sim):
         sim.__dict__.pop("_launch_step", None)
         sim.resort_interval = sim.RESORT_INTERVAL
         sim.resort_min_bodies = min_bodies
-    # (>= 1: the pool regrown for step 302 may leave step 303's device commit short too, since a list that
+    # (>= 1: the pool regrown for step 313 may leave step 314's device commit short too, since a list that
     # grows moves its chunk run to the pool's bump)
-    assert sim.vla_regrowths >= regrowths + 1 and sim.step_count == 306
+    assert sim.vla_regrowths >= regrowths + 1 and sim.step_count == 317
     got = (sim.positions(), sim.orientations(), sim.velocities(), sim.angular_velocities(), sim.contact_counts())
     for x, y in zip(ref[-1], got):
         assert np.array_equal(x, y)
