@@ -30,7 +30,7 @@ contacts that collide for the impact pass.
 
 import taichi as ti
 
-from app.sim.contacts import SECOND_COPY, first_copy, record_normal, skipping
+from app.sim.contacts import first_copy, record_normal, skipping
 from app.sim.integrator import kernel_integrate
 from app.sim.state import asleep
 from app.sim.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
@@ -153,19 +153,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             o = vec3(0.0)
             vi = vec3(0.0)
             wi = vec3(0.0)
-        # mass splitting: one sub-body per touching pair (see solve_iteration); a sphere's pairs are its contacts
-        pairs = n
-        if model.body_shape[i] == 1:
-            pairs = 0
-            for k in range(n):
-                j = lists.get_member(li, k, "other")
-                leads = 1
-                for q in range(k):
-                    if lists.get_member(li, q, "other") == j:
-                        leads = 0
-                pairs += leads
         bi = SolverBody(pos=state.body_pos[i], inv_mass=inv_mass, inv_inertia_d=d, inv_inertia_o=o,
-                        split=ti.cast(pairs, ti.f32), friction=model.material_friction[model.body_material[i]])
+                        split=ti.cast(n, ti.f32), friction=model.material_friction[model.body_material[i]])
         solver.body[i] = pack_body(bi)
         inv_m = bi.inv_mass
         xi = bi.pos
@@ -219,18 +208,6 @@ def kernel_solve_iterations(model: ti.template(), lists: ti.template(), base: ti
         solve_iteration(model, lists, base, solver, (src + c) % 2, dt, n)
 
 
-# A contact's feature id without the copy flag: the same in both copies of a pair contact, distinct among the
-# points of one pair (app.sim.narrowphase: FEATURE_STRIDE), and below FEATURE_KEY_END.
-FEATURE_KEY_MASK = SECOND_COPY - 1
-FEATURE_KEY_END = SECOND_COPY
-
-
-@ti.func
-def _sub_body_kick(v, w, split_inv_m, split, Id, Io, r, dP):
-    """A sub-body's (mass m / split) velocities after impulse dP at arm r."""
-    return v + split_inv_m * dP, w + split * sym_mul(Id, Io, r.cross(dP))
-
-
 @ti.func
 def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti.template(), src, dt, n_bodies):
     """One Jacobi + mass-splitting iteration over bodies 0 .. n_bodies - 1: reads solver.motion[src] and
@@ -262,124 +239,73 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
             Pp_sum = ivec3(0)
             Lp_sum = ivec3(0)
             check = 0.0
-            box_i = model.body_shape[i] == 1
             for k in range(n_i):
-                j = lists.get_member(li, k, "other")
-                # one sub-body pair per touching pair (Tonge et al. split a body per contact; per pair, the
-                # pair's points are solved one after the other against the pair's own copies of the two
-                # sub-bodies: a box on a box splits 2 ways, not 8, and a stack converges as a stack of spheres
-                # does). Only box-box and box-plane pairs have several points; the first record of a pair in
-                # the list leads it, and both copies walk the pair's records in the same order (the
-                # narrowphase appends them point by point to both lists).
-                leads = True
-                if box_i:
-                    for q in range(k):
-                        if lists.get_member(li, q, "other") == j:
-                            leads = False
-                if leads:
-                    mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
-                    bj = SolverBody(pos=xi, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
-                                    split=0.0, friction=0.0)
-                    if j >= 0:
-                        mj = unpack_motion(solver.motion[src, j])
-                        bj = unpack_body(solver.body[j])
-                    else:
-                        bj.friction = model.material_friction[model.plane_material[-1 - j]]
-                    mu = ti.sqrt(bi.friction * bj.friction)
-                    inv_mj = bj.inv_mass
-                    split_j = bj.split
-                    # the pair's sub-bodies (mass m / split each)
-                    vi_l = v
-                    wi_l = w
-                    pvi_l = pv
-                    pwi_l = pw
-                    vj_l = mj.v
-                    wj_l = mj.w
-                    pvj_l = mj.pv
-                    pwj_l = mj.pw
-                    # The pair's points in the order of their feature ids (the same in both copies, whatever the
-                    # order of the lists: the motion does not depend on it), ascending in one iteration and
-                    # descending in the next (a sweep in one order alone tilts the pair, its first point taking
-                    # more than its share).
-                    last = ti.select(box_i, n_i, k + 1)
-                    down = src == 1
-                    prev_key = ti.select(down, FEATURE_KEY_END, -1)
-                    for _ in range(k, last):
-                        q = -1
-                        key_q = ti.select(down, -1, FEATURE_KEY_END)
-                        for r in range(k, last):
-                            if r == k or lists.get_member(li, r, "other") == j:
-                                key = lists.get_member(li, r, "feature") & FEATURE_KEY_MASK
-                                if (not down and key > prev_key and key < key_q) or \
-                                        (down and key < prev_key and key > key_q):
-                                    q = r
-                                    key_q = key
-                        if q >= 0:
-                            prev_key = key_q
-                            rec = lists.get(li, q)
-                            n = record_normal(rec)
-                            ri = rec.point - xi
-                            rj = rec.point - ti.select(j >= 0, bj.pos, rec.point)
-                            # effective inverse masses with split (n-times lighter) bodies; same value in both
-                            # copies
-                            rin = ri.cross(n)
-                            rjn = rj.cross(n)
-                            k_i = split_i * (inv_m + rin.dot(sym_mul(Id, Io, rin)))
-                            k_j = split_j * (inv_mj + rjn.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjn)))
-                            kn = k_i + k_j
-                            inv_kn = 1.0 / kn  # (one division for the normal and the split impulse)
-                            vrel = (vi_l + wi_l.cross(ri)) - (vj_l + wj_l.cross(rj))
-                            vn = vrel.dot(n)
-                            jn_old = rec.impulse_n
-                            jn = ti.max(jn_old + (rec.bias - vn) * inv_kn, 0.0)
-                            # friction: drive the tangential slip to zero, inside the Coulomb cone (accumulated in
-                            # 3-D, stored as coordinates along this contact's tangents)
-                            vt = vrel - vn * n
-                            t1, t2 = contact_tangents(n)
-                            jt_old = tangent_vector(rec.impulse_t, t1, t2)
-                            jt = jt_old
-                            vt_len2 = vt.dot(vt)
-                            if vt_len2 > 1e-18:
-                                tdir = vt * ti.rsqrt(vt_len2)
-                                rit = ri.cross(tdir)
-                                rjt = rj.cross(tdir)
-                                kt = split_i * (inv_m + rit.dot(sym_mul(Id, Io, rit))) + \
-                                    split_j * (inv_mj + rjt.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjt)))
-                                jt = jt_old - vt * (1.0 / kt)
-                            jt_len2 = jt.dot(jt)
-                            jt_max = mu * jn
-                            if jt_len2 > jt_max * jt_max:
-                                jt = jt * (jt_max * ti.rsqrt(jt_len2))
-                            # split impulse: pseudo velocities remove (depth - slop), never feed back into v
-                            vpn = ((pvi_l + pwi_l.cross(ri)) - (pvj_l + pwj_l.cross(rj))).dot(n)
-                            target_p = beta_per_dt * ti.max(rec.depth - slop, 0.0)
-                            jp_old = rec.impulse_p
-                            jp = ti.max(jp_old + (target_p - vpn) * inv_kn, 0.0)
-                            rec.impulse_n = jn
-                            rec.impulse_t = tangent_coords(jt, t1, t2)
-                            jt = tangent_vector(rec.impulse_t, t1, t2)   # (apply what is stored, to the last bit)
-                            rec.impulse_p = jp
-                            lists.set_members(li, q, rec, ("impulse_n", "impulse_t", "impulse_p"))
-                            djn = jn - jn_old
-                            djt = jt - jt_old
-                            djp = jp - jp_old
-                            # (r x n is rin: the normal parts' torques need no cross product of their own)
-                            dP = djn * n + djt
-                            dL = djn * rin + ri.cross(djt)
-                            P_sum += fixed(dP, scale)
-                            L_sum += fixed(dL, scale_w)
-                            Pp_sum += fixed(djp * n, scale)
-                            Lp_sum += fixed(djp * rin, scale_w)
-                            check += dP.sum() + dL.sum() + djp
-                            # the pair's sub-bodies move on (each copy updates both the same way: j's copy
-                            # sees -dP, as exact negations)
-                            vi_l, wi_l = _sub_body_kick(vi_l, wi_l, split_i * inv_m, split_i, Id, Io, ri, dP)
-                            vj_l, wj_l = _sub_body_kick(vj_l, wj_l, split_j * inv_mj, split_j, bj.inv_inertia_d,
-                                                        bj.inv_inertia_o, rj, -dP)
-                            pvi_l, pwi_l = _sub_body_kick(pvi_l, pwi_l, split_i * inv_m, split_i, Id, Io, ri,
-                                                          djp * n)
-                            pvj_l, pwj_l = _sub_body_kick(pvj_l, pwj_l, split_j * inv_mj, split_j,
-                                                          bj.inv_inertia_d, bj.inv_inertia_o, rj, -(djp * n))
+                rec = lists.get(li, k)
+                j = rec.other
+                n = record_normal(rec)
+                ri = rec.point - xi
+                mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
+                bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
+                                split=0.0, friction=0.0)
+                if j >= 0:
+                    mj = unpack_motion(solver.motion[src, j])
+                    bj = unpack_body(solver.body[j])
+                else:
+                    bj.friction = model.material_friction[model.plane_material[-1 - j]]
+                mu = ti.sqrt(bi.friction * bj.friction)
+                rj = rec.point - bj.pos
+                inv_mj = bj.inv_mass
+                split_j = bj.split
+                # effective inverse masses with split (n-times lighter) bodies; same value in both copies
+                rin = ri.cross(n)
+                rjn = rj.cross(n)
+                k_i = split_i * (inv_m + rin.dot(sym_mul(Id, Io, rin)))
+                k_j = split_j * (inv_mj + rjn.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjn)))
+                kn = k_i + k_j
+                inv_kn = 1.0 / kn  # (one division for the normal and the split impulse)
+                vrel = (v + w.cross(ri)) - (mj.v + mj.w.cross(rj))
+                vn = vrel.dot(n)
+                jn_old = rec.impulse_n
+                jn = ti.max(jn_old + (rec.bias - vn) * inv_kn, 0.0)
+                # friction: drive the tangential slip to zero, inside the Coulomb cone (accumulated in 3-D,
+                # stored as coordinates along this contact's tangents)
+                vt = vrel - vn * n
+                t1, t2 = contact_tangents(n)
+                jt_old = tangent_vector(rec.impulse_t, t1, t2)
+                jt = jt_old
+                vt_len2 = vt.dot(vt)
+                if vt_len2 > 1e-18:
+                    tdir = vt * ti.rsqrt(vt_len2)
+                    rit = ri.cross(tdir)
+                    rjt = rj.cross(tdir)
+                    kt = split_i * (inv_m + rit.dot(sym_mul(Id, Io, rit))) + \
+                        split_j * (inv_mj + rjt.dot(sym_mul(bj.inv_inertia_d, bj.inv_inertia_o, rjt)))
+                    jt = jt_old - vt * (1.0 / kt)
+                jt_len2 = jt.dot(jt)
+                jt_max = mu * jn
+                if jt_len2 > jt_max * jt_max:
+                    jt = jt * (jt_max * ti.rsqrt(jt_len2))
+                # split impulse: pseudo velocities remove (depth - slop), never feed back into v
+                vpn = ((pv + pw.cross(ri)) - (mj.pv + mj.pw.cross(rj))).dot(n)
+                target_p = beta_per_dt * ti.max(rec.depth - slop, 0.0)
+                jp_old = rec.impulse_p
+                jp = ti.max(jp_old + (target_p - vpn) * inv_kn, 0.0)
+                rec.impulse_n = jn
+                rec.impulse_t = tangent_coords(jt, t1, t2)
+                jt = tangent_vector(rec.impulse_t, t1, t2)   # (apply what is stored, to the last bit)
+                rec.impulse_p = jp
+                lists.set_members(li, k, rec, ("impulse_n", "impulse_t", "impulse_p"))
+                djn = jn - jn_old
+                djt = jt - jt_old
+                djp = jp - jp_old
+                # (r x n is rin: the normal parts' torques need no cross product of their own)
+                dP = djn * n + djt
+                dL = djn * rin + ri.cross(djt)
+                P_sum += fixed(dP, scale)
+                L_sum += fixed(dL, scale_w)
+                Pp_sum += fixed(djp * n, scale)
+                Lp_sum += fixed(djp * rin, scale_w)
+                check += dP.sum() + dL.sum() + djp
             v = flag_non_finite(v + inv_m * unfixed(P_sum, scale), check)
             w = w + sym_mul(Id, Io, unfixed(L_sum, scale_w))
             pv = pv + inv_m * unfixed(Pp_sum, scale)
