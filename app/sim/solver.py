@@ -127,7 +127,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 
     Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
     (see JacobiSolver.step).
-    Writes solver.motion[0, i], solver.body[i], diagnostics.contact_total (each pair counted once), and for the
+    Writes solver.motion[0, i] and [1, i], solver.body[i], diagnostics.contact_total (each pair counted once), and for the
     padded and dynamic storages moves the fill's dropped appends into lists.overflow_count. Nothing while
     contacts.skipping() (see app.sim.contacts.ContactSet.failed_step)."""
     g = model.gravity[None]
@@ -182,10 +182,11 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             L_sum += fixed(L, scale_w)
             check += P.sum() + L.sum()
         ti.atomic_add(diagnostics.contact_total[None], counted)
-        solver.motion[0, i] = pack_motion(Motion(v=flag_non_finite(vi + inv_m * unfixed(P_sum, scale), check),
-                                                 w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o,
-                                                                unfixed(L_sum, scale_w)),
-                                                 pv=vec3(0.0), pw=vec3(0.0)))
+        packed = pack_motion(Motion(v=flag_non_finite(vi + inv_m * unfixed(P_sum, scale), check),
+                                    w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale_w)),
+                                    pv=vec3(0.0), pw=vec3(0.0)))
+        solver.motion[0, i] = packed
+        solver.motion[1, i] = packed   # (the impact pass writes only the bodies it moves: kernel_impacts)
 
 
 # Jacobi iterations per kernel launch, unrolled at compile time. Taichi runs a kernel's top-level loops one
@@ -357,7 +358,9 @@ def kernel_impacts(model: ti.template(), lists: ti.template(), base: ti.i32, sol
     (Guendelman, Bridson and Fedkiw 2003 separate collisions from contacts the same way). A collision target
     fixed from the velocities before the solve (Box2D's restitution pass) treats a chain's resting contacts as
     inelastic and sends the first ball back. The contact iterations after this then see the separating
-    velocities and keep them. Only bodies the narrowphase marked (contacts.impact_dirty) and those an impact
+    velocities and keep them. Only marked bodies write their motion (kernel_prepare writes both buffers, and a
+    body an impact changed is marked for the next iteration, which writes the other buffer: an unmarked body's
+    two buffers agree, and the pass ends in buffer 0 for every body). Only bodies the narrowphase marked (contacts.impact_dirty) and those an impact
     reaches do work; none when no contact collides (contacts.impact_any). The same gather as the contact
     iterations: both copies of a pair compute the same impulse, sums in fixed point (bit-identical reruns)."""
     n_bodies = ti.select(contacts.skipping() or contacts.impact_any[None] == 0, 0, model.body_count[None])
@@ -377,10 +380,12 @@ def kernel_impacts(model: ti.template(), lists: ti.template(), base: ti.i32, sol
                         active += 1
             contacts.impact_active[i] = active
         for i in range(n_bodies):   # collide them
+            if contacts.impact_dirty[src, i] == 0:
+                continue   # (its two buffers hold the same motion: see below)
             mo = unpack_motion(solver.motion[src, i])
             bi = unpack_body(solver.body[i])
             n_i = contacts.impact_active[i]
-            if contacts.impact_dirty[src, i] != 0 and n_i > 0 and bi.inv_mass > 0.0:
+            if n_i > 0 and bi.inv_mass > 0.0:
                 li = base + i
                 scale = fixed_scale(bi.inv_mass)
                 scale_w = angular_scale(bi.inv_inertia_d)
