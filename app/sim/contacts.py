@@ -333,7 +333,7 @@ class ContactSet:
         self.generation = 0
         self.failed_step = ti.field(ti.i32, ())
         self.failed_step[None] = NO_FAILURE
-        # impacts this step (app.sim.solver.kernel_impacts): bodies whose velocity an impact may change, per
+        # impacts this step (app.sim.solver.impact_pass): bodies whose velocity an impact may change, per
         # impact iteration (ping-pong), their approaching contacts, and whether any contact impacts at all
         self.impact_dirty = ti.field(ti.i32, (2, self.body_capacity))
         self.impact_active = ti.field(ti.i32, self.body_capacity)

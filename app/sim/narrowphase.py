@@ -601,7 +601,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
             bias = ti.min(depth, 0.0) / dt   # speculative: may approach by the gap, no further
             if vn0 < -threshold and depth > vn0 * dt and e > 0.0:
                 # it touches within this step, fast enough to bounce: the impact pass (app.sim.solver.
-                # kernel_impacts) starts from both bodies
+                # impact_pass) starts from both bodies
                 contacts.impact_dirty[0, i] = 1
                 if j >= 0:
                     contacts.impact_dirty[0, j] = 1

@@ -18,7 +18,7 @@ impulse (with opposite sign), keeping Newton's third law.
 
 Per contact: a normal impulse (accumulated, clamped >= 0), a Coulomb friction impulse (accumulated
 tangential vector, clamped to |P_t| <= mu * P_n with mu = sqrt(mu_a mu_b)), restitution in an impact pass
-before the iterations (kernel_impacts: contacts closing faster than restitution_threshold collide, and an
+before the iterations (impact_pass: contacts closing faster than restitution_threshold collide, and an
 impact travels along chains of touching bodies), and position correction by split impulses (Catto 2006; Bullet's
 "split impulse"): a separate pseudo-velocity solve removes position_correction * (depth - slop) per
 step and is discarded after integration, so correcting penetration adds no kinetic energy (a
@@ -122,8 +122,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
     """Per body (a sleeping one stays still and counts as fixed: app.sim.state.asleep): apply gravity and the
     warm-start impulses
     its contacts already carry (the narrowphase set them, and each speculative target, from last step's lists:
-    app.sim.narrowphase) into solver buffer 0, and count contacts. The lists stay in the order the narrowphase
-    appended them (any order gives the same motion: see FIXED_ONE).
+    app.sim.narrowphase) into solver buffers 0 and 1, and count contacts; then the impact pass (impact_pass). The
+    lists stay in the order the narrowphase appended them (any order gives the same motion: see FIXED_ONE).
 
     Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
     (see JacobiSolver.step).
@@ -186,7 +186,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
                                     w=wi + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale_w)),
                                     pv=vec3(0.0), pw=vec3(0.0)))
         solver.motion[0, i] = packed
-        solver.motion[1, i] = packed   # (the impact pass writes only the bodies it moves: kernel_impacts)
+        solver.motion[1, i] = packed   # (the impact pass writes only the bodies it moves: impact_pass)
+    impact_pass(model, lists, base, solver, contacts, dt)
 
 
 # Jacobi iterations per kernel launch, unrolled at compile time. Taichi runs a kernel's top-level loops one
@@ -345,10 +346,11 @@ def _impact_closing(model: ti.template(), solver: ti.template(), src, i, rec, dt
     return approaching, vn, n, ri, rj, bj, e
 
 
-@ti.kernel
-def kernel_impacts(model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
-                   contacts: ti.template(), dt: ti.f32):
-    """Restitution, before the contact iterations: IMPACT_ITERATIONS Jacobi iterations of collisions on
+@ti.func
+def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.template(), contacts: ti.template(),
+                dt):
+    """Restitution, before the contact iterations (the end of kernel_prepare: a launch of its own would cost a small
+    scene's step more than the pass; call at a kernel's top level): IMPACT_ITERATIONS Jacobi iterations of collisions on
     solver.motion (buffer 0 -> 1 -> 0 ...). In each, every contact closing faster than the restitution threshold
     (and within the step) is resolved as a collision of its own: the relative normal velocity vn becomes -e vn,
     with e = max(e_a, e_b), each body's mass split among its contacts that collide in this iteration (Tonge's
@@ -464,7 +466,6 @@ class JacobiSolver:
         longest list). Any order gives the same result: each thread writes only its own body, from the
         previous iteration's buffers."""
         kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, self.diagnostics, dt)
-        kernel_impacts(self.model, contacts.lists, contacts.base, self, contacts, dt)
         src = 0
         left = self.iterations
         while left > 0:

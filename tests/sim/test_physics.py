@@ -487,7 +487,7 @@ CRADLE_ENERGY_MIN = 0.9    # kinetic energy kept
 @pytest.mark.parametrize("gap", [0.0, 0.001])
 def test_newtons_cradle_passes_the_impact_along_the_row(sim, gap):
     """Five elastic balls in a row on a frictionless floor, touching (gap 0) or 1 mm apart; the first comes in
-    at v0. The impact crosses the row: the last ball leaves at v0, the others stay (app.sim.solver.kernel_impacts)."""
+    at v0. The impact crosses the row: the last ball leaves at v0, the others stay (app.sim.solver.impact_pass)."""
     r, v0 = 0.1, 1.0
     mats = {"steel": {"density": 7800, "friction": 0.0, "restitution": 1.0},
             "m": {"density": 1000, "friction": 0.0, "restitution": 0.0}}
