@@ -517,8 +517,7 @@ def _check_ramp(m, st, tr):
 def _check_cradle(m, st, tr):
     v = st["linear_velocity"][:, 0]
     assert v[-1] > 0.95 and np.abs(v[:-1]).max() < 0.05, v
-    # momentum of equal balls (frictionless rail); the four left behind keep ~1 mm/s each until they fall asleep,
-    # which stops them (below sim.sleep_speed), so 0.4% of it goes
+    # momentum of equal balls (frictionless rail)
     assert abs(v.sum() - 1.0) < 5e-3
 
 
