@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.batch.plan import RunSpec
+from app.errors import raise_if_signalled
 from app.batch.store import worker_info
 from app.batch.worker import cpu_threads_env, run_worker, stop_process
 
@@ -110,6 +111,7 @@ def run_processes(
                     spec, tmp, result = done.get(timeout=0.2)
                     break
                 except queue.Empty:
+                    raise_if_signalled()   # (a Ctrl-C whose exception Python swallowed: app.errors)
                     if not any(t.is_alive() for t in threads) and done.empty():
                         raise RuntimeError("batch worker slots ended with runs left")  # a bug, not a run failure
             on_result(spec, tmp, result)
