@@ -672,8 +672,11 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     if ti.static(hasattr(lists, "dropped_now")):   # padded / dynamic: this fill's drops, counted afresh
         if run:
             lists.dropped_now[None] = 0
+    if run:
+        contacts.impact_any[None] = 0
     for i in range(n):
         lists.clear(base + i)
+        contacts.impact_dirty[0, i] = 0   # (the impact pass's marks are this kernel's: a re-run starts clean)
     margin = model.contact_margin[None]
     stride = grid.pair_stride
     # class 0: the flat slots of its lists (vla.iteration: list i's inline slots are i * inline_capacity ..., so

@@ -421,11 +421,6 @@ def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.tem
                 mo.v = flag_non_finite(mo.v + bi.inv_mass * unfixed(P_sum, scale), check)
                 mo.w = mo.w + sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, unfixed(L_sum, scale_w))
             solver.motion[dst, i] = pack_motion(mo)
-    if not contacts.skipping():
-        contacts.impact_any[None] = 0
-    for i in range(ti.select(contacts.skipping(), 0, model.body_count[None])):
-        contacts.impact_dirty[0, i] = 0
-        contacts.impact_dirty[1, i] = 0
 
 
 @ti.data_oriented
