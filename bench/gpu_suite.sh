@@ -16,8 +16,21 @@ echo "== bench sim"
 timeout 400 python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --storages vla,padded,dynamic --out "$out/sim_pile_1m" 2>&1 | tail -8
 timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes pile_100k --storages vla,padded --out "$out/sim_pile_100k" 2>&1 | tail -8
 timeout 300 python run.py bench sim --arch cuda --scenes boulders --storages "vla,vla+sim.large_body_factor=0" --repeats 3 --out "$out/sim_boulders" 2>&1 | tail -8
+echo "== solver fidelity: the Box3D suite scenes (a warm-up keeps kernel compilation out of the timed steps), pile_1m settling"
+timeout 200 python run.py bench sim --arch cuda --steps 10000 --warmup 20 --scenes pyramid_100 \
+    --storages "vla,vla+sim.sleep_speed=0" --out "$out/sim_pyramid_100" 2>&1 | tail -6
+timeout 120 python run.py bench sim --arch cuda --steps 2000 --warmup 20 --scenes many_pyramids --storages vla \
+    --out "$out/sim_many_pyramids" 2>&1 | tail -6
+timeout 300 python run.py bench sim --arch cuda --steps 30 --warmup 2600 --scenes pile_1m \
+    --storages "vla,vla+sim.sleep_speed=0" --out "$out/sim_pile_1m_settling" 2>&1 | tail -6
+timeout 120 python run.py bench profile --scene pyramid_100 --storages vla --warmup 100 --steps 10 --arch cuda 2>&1 \
+    | grep "ms/step"
 echo "== bench viewer"
-timeout 120 python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml --frames 60 --warmup 10 --out "$out/viewer" 2>&1 | tail -8
+for scene in default pile_100k pile_1m; do
+  frames=120; [ $scene = pile_100k ] && frames=60; [ $scene = pile_1m ] && frames=30
+  timeout 150 python run.py bench viewer --arch cuda --scene scenes/$scene.yaml --frames $frames --warmup 10 \
+      --out "$out/viewer_$scene" 2>&1 | tail -7
+done
 echo "== bench batch"
 timeout 120 python run.py bench batch --arch cuda --scene scenes/default.yaml --runs 2 --frames 30 --workers 1,2 \
     --json "$out/batch.json" 2>&1 | tail -8
