@@ -99,24 +99,21 @@ def main(argv=None) -> int:
     from app.viewer.pacing import FramePacer
 
     pacer = FramePacer(sim.substeps)
-    timing = {"step_ms": 0.0, "draw_ms": 0.0, "steps": 0}
+    paced_steps = [0]
 
     def paced():
-        # as InteractiveViewer.advance + its drawing: moving averages of a step's and a frame's drawing time
-        n = pacer.steps(timing["step_ms"], timing["draw_ms"])
+        # as InteractiveViewer.advance, then its drawing
+        n = pacer.steps()
         t0 = time.perf_counter()
         if n:
             sim.step_frame(n)
             ti.sync()
-            ms = (time.perf_counter() - t0) * 1e3 / n
-            timing["step_ms"] = ms if timing["step_ms"] == 0 or ms < timing["step_ms"] else \
-                0.8 * timing["step_ms"] + 0.2 * ms
+            pacer.stepped(n, (time.perf_counter() - t0) * 1e3)
         t1 = time.perf_counter()
         view.render()
         ti.sync()
-        ms = (time.perf_counter() - t1) * 1e3
-        timing["draw_ms"] = ms if timing["draw_ms"] == 0 else 0.9 * timing["draw_ms"] + 0.1 * ms
-        timing["steps"] += n
+        pacer.drew((time.perf_counter() - t1) * 1e3)
+        paced_steps[0] += n
 
     for _ in range(args.warmup):
         both()
@@ -126,7 +123,7 @@ def main(argv=None) -> int:
         r = _loop(fn, args.frames)
         row = {"loop": name, **{k: round(v, 2) for k, v in r.items()}}
         if name == "paced":
-            row["steps_per_frame"] = round(timing["steps"] / args.frames, 2)
+            row["steps_per_frame"] = round(paced_steps[0] / args.frames, 2)
             row["realtime"] = round((sim.sim_time - t_sim) * r["fps"] / args.frames, 3)
         rows.append(row)
     view.close()

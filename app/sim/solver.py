@@ -321,13 +321,11 @@ IMPACT_ITERATIONS = 6
 
 
 @ti.func
-def _impact_closing(model: ti.template(), solver: ti.template(), src, i, rec, dt):
-    """(approaching, vn, n, ri, rj, bj, e) of body i's contact rec with the velocities of motion[src]: whether it
-    closes faster than the restitution threshold and within this step."""
+def _impact_closing(model: ti.template(), solver: ti.template(), src, bi, mi, material_i, rec, dt):
+    """(approaching, vn, n, ri, rj, bj, e) of a contact rec of the body (bi, mi: its SolverBody and motion) with the
+    velocities of motion[src]: whether it closes faster than the restitution threshold and within this step."""
     j = rec.other
     n = record_normal(rec)
-    bi = unpack_body(solver.body[i])
-    mi = unpack_motion(solver.motion[src, i])
     mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
     bj = SolverBody(pos=rec.point, inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
                     split=0.0, friction=0.0)
@@ -341,7 +339,7 @@ def _impact_closing(model: ti.template(), solver: ti.template(), src, i, rec, dt
     ri = rec.point - bi.pos
     rj = rec.point - bj.pos
     vn = ((mi.v + mi.w.cross(ri)) - (mj.v + mj.w.cross(rj))).dot(n)
-    e = ti.max(model.material_restitution[model.body_material[i]], model.material_restitution[mat_j])
+    e = ti.max(model.material_restitution[material_i], model.material_restitution[mat_j])
     approaching = vn < -model.restitution_threshold[None] and rec.depth > vn * dt and e > 0.0
     return approaching, vn, n, ri, rj, bj, e
 
@@ -349,22 +347,26 @@ def _impact_closing(model: ti.template(), solver: ti.template(), src, i, rec, dt
 @ti.func
 def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.template(), contacts: ti.template(),
                 dt):
-    """Restitution, before the contact iterations (the end of kernel_prepare: a launch of its own would cost a small
-    scene's step more than the pass; call at a kernel's top level): IMPACT_ITERATIONS Jacobi iterations of collisions on
-    solver.motion (buffer 0 -> 1 -> 0 ...). In each, every contact closing faster than the restitution threshold
-    (and within the step) is resolved as a collision of its own: the relative normal velocity vn becomes -e vn,
-    with e = max(e_a, e_b), each body's mass split among its contacts that collide in this iteration (Tonge's
-    mass splitting, over the colliding contacts only). A body an impact changed makes itself and every body it
-    touches take part in the next iteration, so an impact travels along a chain of touching bodies one contact
-    an iteration: the first ball of a Newton's cradle stops, the impact crosses the row, the last ball leaves
-    (Guendelman, Bridson and Fedkiw 2003 separate collisions from contacts the same way). A collision target
-    fixed from the velocities before the solve (Box2D's restitution pass) treats a chain's resting contacts as
-    inelastic and sends the first ball back. The contact iterations after this then see the separating
-    velocities and keep them. Only marked bodies write their motion (kernel_prepare writes both buffers, and a
-    body an impact changed is marked for the next iteration, which writes the other buffer: an unmarked body's
-    two buffers agree, and the pass ends in buffer 0 for every body). Only bodies the narrowphase marked (contacts.impact_dirty) and those an impact
-    reaches do work; none when no contact collides (contacts.impact_any). The same gather as the contact
-    iterations: both copies of a pair compute the same impulse, sums in fixed point (bit-identical reruns)."""
+    """Restitution, before the contact iterations: IMPACT_ITERATIONS Jacobi iterations of collisions on
+    solver.motion (buffer 0 -> 1 -> 0 ...). Runs at the end of kernel_prepare (a launch of its own would cost a
+    small scene's step more than the pass); call at a kernel's top level.
+
+    In each iteration, every contact closing faster than the restitution threshold (and within the step) is
+    resolved as a collision of its own: the relative normal velocity vn becomes -e vn, with e = max(e_a, e_b),
+    each body's mass split among its contacts that collide in this iteration (Tonge's mass splitting, over the
+    colliding contacts only). A body an impact changed makes itself and every body it touches take part in the
+    next iteration, so an impact travels along a chain of touching bodies one contact an iteration: the first
+    ball of a Newton's cradle stops, the impact crosses the row, the last ball leaves (Guendelman, Bridson and
+    Fedkiw 2003 separate collisions from contacts the same way). A collision target fixed from the velocities
+    before the solve (Box2D's restitution pass) treats a chain's resting contacts as inelastic and sends the first
+    ball back. The contact iterations after this see the separating velocities and keep them.
+
+    Work: only the bodies the narrowphase marked (contacts.impact_dirty) and those an impact reaches, none when no
+    contact collides (contacts.impact_any). Only marked bodies write their motion: kernel_prepare writes both
+    buffers, and a body an impact changed is marked for the next iteration, which writes the other buffer, so an
+    unmarked body's two buffers agree and the pass ends in buffer 0 for every body. The same gather as the
+    contact iterations: both copies of a pair compute the same impulse, sums in fixed point (bit-identical
+    reruns)."""
     n_bodies = ti.select(contacts.skipping() or contacts.impact_any[None] == 0, 0, model.body_count[None])
     for c in ti.static(range(IMPACT_ITERATIONS)):
         src = c % 2
@@ -374,10 +376,14 @@ def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.tem
             contacts.impact_dirty[dst, i] = 0
             if contacts.impact_dirty[src, i] != 0:
                 li = base + i
+                bi = unpack_body(solver.body[i])
+                mi = unpack_motion(solver.motion[src, i])
+                material_i = model.body_material[i]
                 for k in range(lists.length(li)):
                     rec = lists.get(li, k)
                     j = rec.other
-                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, i, rec, dt)
+                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, bi, mi, material_i, rec,
+                                                                      dt)
                     if closing and (j < 0 or contacts.impact_dirty[src, j] != 0):
                         active += 1
             contacts.impact_active[i] = active
@@ -394,10 +400,12 @@ def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.tem
                 P_sum = ivec3(0)
                 L_sum = ivec3(0)
                 check = 0.0
+                material_i = model.body_material[i]
                 for k in range(lists.length(li)):
                     rec = lists.get(li, k)
                     j = rec.other
-                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, i, rec, dt)
+                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, bi, mo, material_i, rec,
+                                                                      dt)
                     if closing and (j < 0 or contacts.impact_dirty[src, j] != 0):
                         n_j = 0.0
                         if j >= 0:
@@ -411,10 +419,9 @@ def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.tem
                         P_sum += fixed(dj * nrm, scale)
                         L_sum += fixed(dj * rin, scale_w)
                         check += dj
-                        if j >= 0:   # it touches j: j takes part in the next iteration
-                            contacts.impact_dirty[dst, j] = 1
+                # it takes part in the next iteration, and so does every body it touches
                 contacts.impact_dirty[dst, i] = 1
-                for k in range(lists.length(li)):   # and so does every body i touches
+                for k in range(lists.length(li)):
                     j = lists.get_member(li, k, "other")
                     if j >= 0:
                         contacts.impact_dirty[dst, j] = 1

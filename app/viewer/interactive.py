@@ -113,15 +113,13 @@ class InteractiveViewer:
         self.drop_count = 50
         self.material_sel = 0
         self.fps = 0.0
-        self.draw_ms = 0.0   # a frame's drawing (transforms, GGUI draw, panel, present), moving average
         self.recorder = None   # while the v key records: an app.viewer.offscreen.VideoWriter
         self.selected = None   # scene index of the body picked with the mouse (app.viewer.picking)
         self._grab = None      # while dragging: (grab point in the body frame, plane point, plane normal)
         self._lmb = False
         self._camera_spec = None   # (position, lookat, up, fov) of the camera this frame
-        self.step_ms = 0.0
         self.frame_steps = 0
-        self.pacer = FramePacer(sim.substeps)
+        self.pacer = FramePacer(sim.substeps)   # steps per frame; step and drawing times (moving averages)
         self._mem = (0, 0)
         self._mem_time = 0.0
         self._last = time.perf_counter()
@@ -184,7 +182,7 @@ class InteractiveViewer:
 
         steps = self.sim.substeps
         if self.playing and not self.step_requested:
-            steps = self.pacer.steps(self.step_ms, self.draw_ms)
+            steps = self.pacer.steps()
         self.frame_steps = steps
         if steps == 0:
             return
@@ -197,9 +195,7 @@ class InteractiveViewer:
             print(f"error: {e} (paused; press r to reset)", file=sys.stderr)
             return
         ti.sync()
-        ms = (time.perf_counter() - t0) * 1e3 / steps
-        # (a faster step is believed at once: the first frames' include kernel compiles)
-        self.step_ms = ms if self.step_ms == 0 or ms < self.step_ms else 0.8 * self.step_ms + 0.2 * ms
+        self.pacer.stepped(steps, (time.perf_counter() - t0) * 1e3)
         self.frames += 1
 
     def screenshot(self, window) -> str:
@@ -316,11 +312,12 @@ class InteractiveViewer:
                 self.reset()
             if g.button("screenshot (p)"):
                 self.screenshot_requested = True
-            g.text(f"{self.fps:5.1f} fps   {self.step_ms:6.2f} ms / step")
+            step_ms = self.pacer.step_ms
+            g.text(f"{self.fps:5.1f} fps   {step_ms:6.2f} ms / step")
             steps = self.frame_steps
             realtime = self.pacer.realtime if self.playing else 0.0
-            g.text(f"frame: sim {self.step_ms * steps:5.1f} ms ({steps}/{sim.substeps} steps)   "
-                   f"draw {self.draw_ms:5.1f} ms")
+            g.text(f"frame: sim {step_ms * steps:5.1f} ms ({steps}/{sim.substeps} steps)   "
+                   f"draw {self.pacer.draw_ms:5.1f} ms")
             g.text(f"x{realtime:.2f} real time")
             g.text(f"t = {sim.sim_time:.3f} s   step {sim.step_count}")
             g.text(f"bodies {sim.body_count}   contacts {int(sim.diagnostics.contact_total[None])}")
@@ -427,8 +424,7 @@ class InteractiveViewer:
                     img = image_rgb8(window)
                     self.recorder.append(img[:img.shape[0] // 16 * 16, :img.shape[1] // 16 * 16])
                 window.show()
-                ms = (time.perf_counter() - t_draw) * 1e3
-                self.draw_ms = ms if self.draw_ms == 0 else 0.9 * self.draw_ms + 0.1 * ms
+                self.pacer.drew((time.perf_counter() - t_draw) * 1e3)
                 dt = now - self._last
                 self._last = now
                 if self.playing:

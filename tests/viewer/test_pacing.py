@@ -5,7 +5,8 @@ from app.viewer.pacing import MAX_IDLE_FRAMES, MIN_SIM_SHARE, TARGET_FRAME_MS, F
 
 
 def _run(pacer, step_ms, draw_ms, frames):
-    return [pacer.steps(step_ms, draw_ms) for _ in range(frames)]
+    pacer.step_ms, pacer.draw_ms = step_ms, draw_ms
+    return [pacer.steps() for _ in range(frames)]
 
 
 @pytest.mark.parametrize("step_ms,draw_ms", [(11.0, 5.0), (2.4, 10.0), (30.0, 300.0), (0.5, 1.0), (200.0, 2.0)])
@@ -26,8 +27,19 @@ def test_steps_follow_the_budget(step_ms, draw_ms):
 
 def test_a_fast_scene_runs_every_substep_and_the_first_frame_one_step():
     pacer = FramePacer(8)
-    assert pacer.steps(0.0, 0.0) == 1          # nothing timed yet
+    assert pacer.steps() == 1                  # nothing timed yet
     assert _run(pacer, 0.1, 2.0, 10) == [8] * 10
+
+
+def test_step_time_follows_a_faster_step_at_once_and_a_slower_one_gradually():
+    pacer = FramePacer(8)
+    pacer.stepped(1, 5000.0)                   # a first frame that compiled kernels
+    pacer.stepped(4, 8.0)
+    assert pacer.step_ms == 2.0
+    pacer.stepped(2, 8.0)                      # 4 ms a step: it moves that way, not all the way
+    assert 2.0 < pacer.step_ms < 4.0
+    pacer.stepped(0, 123.0)                    # a frame without steps changes nothing
+    assert 2.0 < pacer.step_ms < 4.0
 
 
 def test_realtime_factor_is_sim_time_over_wall_time():
