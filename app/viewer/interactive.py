@@ -20,10 +20,10 @@ import time
 import numpy as np
 
 from app.errors import UserError
-from app.viewer.pacing import FramePacer
 from app.files import write_named_atomic, write_text_atomic
 from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
                                 fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
+from app.viewer.pacing import FramePacer
 
 DROP_HEADROOM = 4096           # bodies the window can add before the simulation's fields must grow
 PREVIEW_SIM_SECONDS = 1.0      # no display: simulated time of the headless preview run (a few s on a laptop)
