@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from app.errors import UserError
+from app.errors import UserError, raise_if_signalled
 from app.files import write_named_atomic, write_text_atomic
 from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
                                 fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
@@ -389,6 +389,7 @@ class InteractiveViewer:
             scene = window.get_scene()
             announced = False
             while window.running and not self.quit:
+                raise_if_signalled()   # (a Ctrl-C whose exception Python swallowed: app.errors)
                 self._events(window)
                 if self.quit:
                     break

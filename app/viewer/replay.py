@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from app.errors import UserError
+from app.errors import UserError, raise_if_signalled
 from app.files import read_json_object, write_named_atomic
 from app.viewer.display import (DEFAULT_SIZE, OFFSCREEN_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi,
                                 close_window, has_display, open_window, parse_size, save_png, vulkan_problem)
@@ -261,6 +261,7 @@ class ReplayViewer:
             prev = time.perf_counter()
             shots = 0
             while window.running:
+                raise_if_signalled()   # (a Ctrl-C whose exception Python swallowed: app.errors)
                 now = time.perf_counter()
                 wall_dt, prev = now - prev, now
                 shot = False
