@@ -3,9 +3,9 @@
     python run.py bench vla [--arch auto|cpu|cuda] [--small | --full] [--out DIR] [--dists heavy,uniform16,uniform1024]
                             [--stores padded,dynamic,vla] [--kernel-times] [--rounds N]
 
-Stores: the padded array, the dynamic SNode, the VLA as constructed by default (inline 4, chunks of 16), the VLA
-tuned by VLA.tune (runs="bump") and tuned for runs="ordered" (runs in list order: less metadata, growth re-lays the
-pool out).
+Stores: the padded array, the dynamic SNode, the VLA as the README uses it (`VLA(n, dtype)`: it chooses its sizes
+and runs, and settles into ordered runs once its lengths stay), the VLA tuned by VLA.tune (runs="bump") and tuned for
+runs="ordered" (runs in list order: less metadata, growth re-lays the pool out).
 
 Workloads (one thread per list for fill and read):
   fill          clear every list, then append its elements (the per-frame pattern: clear + refill)
@@ -454,7 +454,8 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
         else:
             st = s.stats()
             reserved = st["reserved_bytes"]
-            row["layout"] = f"({st['inline_capacity']},{st['chunk_size']})"
+            row["layout"] = f"({st['inline_capacity']},{st['chunk_size']})" + (" ordered" if st["runs"] == "ordered"
+                                                                                else "")
             row["first_reserved_over_live"] = first_fill[name]["reserved_bytes"] / live_bytes
             row["first_device_over_live"] = first_fill[name]["device_bytes"] / live_bytes
             row["element_reserved_MB"] = st["element_reserved_bytes"] / 1e6
@@ -497,7 +498,7 @@ USER_PATH = [
     ("first_device_over_live", "memory/live after the first launch", -2.0, "{:.2f}"),
     ("device_over_live", "memory/live after the refills", -1.5, "{:.2f}"),
     ("to_csr_pct_host_copy", "to_csr % of a plain field's to_numpy", 80.0, "{:.0f}"),
-    ("layout", "layout it chose (inline, chunk)", None, "{}"),
+    ("layout", "layout after the refills (inline, chunk, runs)", None, "{}"),
 ]
 
 

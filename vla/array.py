@@ -16,7 +16,7 @@ from . import layout as _layout
 from . import taichi_compat
 from .append import Appending
 from .errors import VLACapacityError
-from .growth import Growth, check_reserve
+from .growth import QUIET_COMMITS, Growth, check_reserve
 from .iteration import Iteration
 from .layout import Addressing, check_dtype, element_bytes, leaves, storage_words
 from .scan import Scanner
@@ -65,13 +65,17 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
 
     tune = staticmethod(tune)
 
-    def __init__(self, num_arrays, dtype, inline_capacity=None, chunk_size=None, reserve=None, runs="bump",
+    def __init__(self, num_arrays, dtype, inline_capacity=None, chunk_size=None, reserve=None, runs=None,
                  overflow_capacity=None, name="vla"):
         taichi_compat.require_program(f"VLA {name!r}")
         _check_int("num_arrays", num_arrays, 1)
         # (None: chosen by the VLA; _retune keeps a size the caller gave)
         self._auto_inline = inline_capacity is None
         self._auto_chunk = chunk_size is None
+        # runs None: the VLA starts with "bump" and settles into "ordered" while its lengths stay (vla.growth), if it
+        # also chooses its sizes
+        self._auto_runs = runs is None and self._auto_inline and self._auto_chunk
+        runs = "bump" if runs is None else runs
         if inline_capacity is not None:
             _check_int("inline_capacity", inline_capacity, 0)
         if chunk_size is not None:
@@ -137,24 +141,21 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
             + 4 * self._owner_len(pool_chunks) + ovf * (self.storage_bytes + 8), f"VLA {name!r}")
 
         # Fixed part: never reallocated. table_start[i], table_chunks[i]: list i's run of pool chunks (runs="ordered":
-        # no table_chunks; table_start has a closing entry [n], the end of the last run). _scalars: vla.append.
+        # table_chunks is not used (one entry) and table_start[n] closes the last run). _scalars: vla.append.
         ordered = runs == "ordered"
         fb = ti.FieldsBuilder()
         self.length_field = ti.field(ti.i32)
         self.table_start = ti.field(ti.i32)
-        self.table_chunks = None if ordered else ti.field(ti.i32)
         self._scalars = ti.field(ti.i32)
         fb.dense(ti.i, n).place(self.length_field)
-        fb.dense(ti.i, n + 1 if ordered else n).place(self.table_start)
-        if not ordered:
-            fb.dense(ti.i, n).place(self.table_chunks)
+        fb.dense(ti.i, n + 1).place(self.table_start)
         fb.dense(ti.i, 16).place(self._scalars)
         self._fixed_tree = taichi_compat.finalize(fb, f"VLA {name!r}")
 
         # Growable part: one field per SNode tree, so that a tree can be replaced without moving the others.
         self._trees = {}
         self._caps = {}
-        self.store = self.table_owner = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
+        self.store = self.table_owner = self.table_chunks = self.ovf_value = self.ovf_meta = self.relayout_tmp = None
         self.grow_events = 0
         self.compact_events = 0
         self.overflow_events = 0
@@ -166,10 +167,16 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         self._lost = 0   # appends lost by a kernel run without launch, since the last refill (Growth._commit_lost)
         self._last_parked = 0   # appends the last commit found in the overflow area
         self._overflow_given_back = False   # launch gave a grown overflow area back (once; trim resets it)
+        self._quiet = 0   # commits in a row that found nothing to grow (vla.growth.Growth._settle)
+        self._quiet_needed = QUIET_COMMITS   # (0: it does not settle any more)
+        self._settle_reverts = 0   # times it grew out of ordered runs again
+        self._ever_filled = False   # a launch has filled it (the first one may settle it at once)
 
         self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
         self._alloc("table_owner", ti.i32, self._owner_len(pool_chunks))
+        # (its own tree: a VLA that settles into runs="ordered" gives it back)
+        self._alloc("table_chunks", ti.i32, 1 if ordered else n)
         self._default_ovf = ovf
         self._alloc("ovf_value", self._store_dtype, ovf)
         self._alloc("ovf_meta", ti.types.vector(2, ti.i32), ovf)
@@ -202,9 +209,9 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
         bump = int(self._scalars[2])
         reserved_elems = self._n_inline + pool_chunks * self.chunk_size
         ovf = self._caps["ovf_value"]
-        # per list: length, run start (and run length, bump); ordered: the closing run start; 16 scalars; the owner
-        # table (bump) or hint (ordered); per overflow slot its (list, slot)
-        table_entries = self.num_arrays + 1 if self.runs == "ordered" else 2 * self.num_arrays
+        # per list: length, run start (and run length, bump); the closing run start; 16 scalars; the owner table
+        # (bump) or hint (ordered); per overflow slot its (list, slot)
+        table_entries = self.num_arrays + 1 + self._caps["table_chunks"]
         meta = 4 * (self.num_arrays + table_entries) + 64 + 4 * self._caps["table_owner"] + 8 * ovf
         element_reserved_bytes = (reserved_elems + ovf) * self.storage_bytes  # (padding included)
         scratch = self._scratch_bytes()

@@ -21,6 +21,10 @@ from .errors import VLACapacityError, VLAOverflowError
 from .taichi_compat import I32_MAX
 from .tuning import CHUNK_OPTIONS, INLINE_OPTIONS, RETUNE_GAIN, histogram, modeled_bytes
 
+# Commits in a row that found nothing to grow before a VLA that chooses its layout settles into runs="ordered"
+# (Growth._settle); doubled each time it has to grow again, and after SETTLE_REVERTS such growths it stays "bump".
+QUIET_COMMITS = 3
+SETTLE_REVERTS = 2
 # A pool that must be compacted to make room grows if less than ~10% of it would stay free, to 1.1x the demand
 # rounded up along 2^(k/8) (1.1-1.2x): on an H200's 1M-body pile, 1.2x rounded along 2^(k/4) left the pool 1.2x
 # larger for no measurable speed.
@@ -371,7 +375,12 @@ class Growth:
         n_ovf = int(self._scalars[0])
         self._last_parked = n_ovf
         if n_ovf == 0:
+            self._quiet += 1
+            if self._auto_runs and self.runs == "bump" and self._quiet == self._quiet_needed and not self._lost \
+                    and self._quiet_needed:
+                self._settle()
             return
+        self._quiet = 0
         ovf_cap = self._caps["ovf_value"]
         self.overflow_events += 1
         if n_ovf > ovf_cap:
@@ -482,6 +491,15 @@ class Growth:
                 raise ValueError(f"VLA {self.name!r}.permute: lists [{f}, {e}) outside [0, {self.num_arrays})")
         if any(a[1] > b[0] for a, b in zip(ends, ends[1:])):
             raise ValueError(f"VLA {self.name!r}.permute: ranges of {count} lists from {firsts} overlap")
+        if self.runs == "ordered" and self._auto_runs:   # (it settled into ordered runs: back to bump for this)
+            self.commit()
+            held = self._scratch_nd("held", self.num_arrays)
+            k_lengths_to_nd(self, held)
+            held_np = held.to_numpy()[:self.num_arrays]
+            best = self._best_layout(held_np, "bump")
+            self._quiet = 0
+            self._relayout_as(best[1], best[2], "bump", held_np, held)
+            self._release_transient_scratch()
         if self.runs == "ordered":
             raise ValueError(f"VLA {self.name!r}.permute: lists with runs='ordered' keep their runs in list order, "
                              f"which a permutation would break; create the VLA with runs='bump' to permute it")
@@ -612,11 +630,8 @@ class Growth:
     def _retune(self, demand) -> bool:
         """Re-lay the VLA out with the inline capacity and chunk size that suit the demanded lengths (demand, an i32
         ndarray of num_arrays), if it chooses its own and the gain is worth it (_retuned_layout); returns whether it
-        did. Every list gets exactly the chunks its demand needs, in list order, and the pool ~10-20% headroom
-        (POOL_HEADROOM, bucketed). The elements in the lists' own storage go through relayout_tmp in list order;
-        those parked in the overflow area stay there, for the caller's move home. The sizes are compile-time
-        constants of every kernel that uses the VLA, so all compiled kernels are dropped and compile again on
-        their next launch."""
+        did (see _relayout_as). A VLA that settled into runs="ordered" (_settle) goes back to "bump" here: its lists
+        grow again."""
         n = self.num_arrays
         if not (self._auto_inline or self._auto_chunk):
             return False
@@ -624,15 +639,50 @@ class Growth:
         held = self._scratch_nd("held", n)
         k_lengths_to_nd(self, held)
         demand_np = np.maximum(demand.to_numpy()[:n], held.to_numpy()[:n])
+        if self._auto_runs and self.runs == "ordered":
+            # it grows again: settle later next time, and not at all once its lengths proved to vary twice (each
+            # change of runs compiles every kernel again)
+            self._settle_reverts += 1
+            self._quiet_needed = 0 if self._settle_reverts >= SETTLE_REVERTS else 2 * self._quiet_needed
+            self._quiet = 0
+            choice = self._best_layout(demand_np, "bump")
+            return self._relayout_as(choice[1], choice[2], "bump", demand_np, held)
         choice = self._retuned_layout(demand_np)
         if choice is None:
             self._scratch.pop("held", None)
             return False
-        ic, cs = choice
+        return self._relayout_as(choice[0], choice[1], self.runs, demand_np, held)
+
+    def _best_layout(self, demand_np, runs):
+        """(modeled bytes, inline_capacity, chunk_size) of the layout that reserves least for these lengths with
+        these runs, keeping any size the caller gave (vla.tuning's model)."""
+        vals, counts = histogram(demand_np)
+        best = None
+        for ic in INLINE_OPTIONS if self._auto_inline else (self.inline_capacity,):
+            for cs in CHUNK_OPTIONS if self._auto_chunk else (self.chunk_size,):
+                b = modeled_bytes(vals, counts, ic, cs, self.dtype, runs)
+                if best is None or b < best[0]:
+                    best = (b, ic, cs)
+        return best
+
+    def _relayout_as(self, ic, cs, runs, demand_np, held) -> bool:
+        """Re-lay the VLA out with these sizes and runs: every list gets exactly the chunks its demand (demand_np,
+        numpy, at least what it holds) needs, in list order, and the pool ~10-20% headroom (POOL_HEADROOM, bucketed;
+        none for runs="ordered", whose lists grow only through another re-layout). `held`: the lists' stored lengths
+        (an i32 ndarray, k_lengths_to_nd). The elements in the lists' own storage go through relayout_tmp in list
+        order; those parked in the overflow area stay there, for the caller's move home. The sizes and runs are
+        compile-time constants of every kernel that uses the VLA, so all compiled kernels are dropped and compile
+        again on their next launch. Returns False, changing nothing, if the layout would not fit 32-bit indices."""
+        n = self.num_arrays
         # the new layout's tables first: a size past 32-bit indices keeps the current layout, untouched
         need = (np.maximum(demand_np.astype(np.int64) - ic, 0) + cs - 1) // cs
         chunks = int(need.sum())
-        cap = max(1, bucket(chunks * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+        cap = max(1, chunks if runs == "ordered" else bucket(chunks * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+        try:
+            check_reserve(self.name, n, ic, cs, demand_np)
+        except VLACapacityError:
+            self._scratch.pop("held", None)
+            return False
         if n * ic + cap * cs > I32_MAX:
             self._scratch.pop("held", None)
             return False
@@ -650,7 +700,11 @@ class Growth:
         # the new storage is allocated before the sizes change, so that a refused allocation leaves them as
         # they were
         self._regrow("store", self._store_dtype, n * ic + cap * cs)
+        runs_changed = runs != self.runs
+        self.runs = runs
         self._regrow("table_owner", ti.i32, self._owner_len(cap))
+        if runs_changed:
+            self._regrow("table_chunks", ti.i32, 1 if runs == "ordered" else n)
         self.inline_capacity, self.chunk_size = int(ic), int(cs)
         self._chunk_shift = self.chunk_size.bit_length() - 1
         self._n_inline = self.inline_capacity * n
@@ -665,6 +719,23 @@ class Growth:
             _k_unpack_from_tmp(self, offsets, held)
         self._regrow("relayout_tmp", self._store_dtype, 1)
         return True
+
+    def _settle(self):
+        """Lazy release (a commit that found nothing to grow, QUIET_COMMITS in a row): a VLA that chooses its own
+        layout and runs re-lays itself out with runs="ordered" and no headroom when the model says that reserves at
+        most 1/RETUNE_GAIN of what it holds now: its lists keep their lengths, so the growth headroom and the bump
+        runs' per-list and per-chunk metadata (8 bytes a list, 4 a chunk) go back. Also right after the first fill
+        from empty (vla.launch), which knows every length. A later growth goes back to "bump" (_retune), and the next
+        settling waits twice as long; after SETTLE_REVERTS such growths it stays "bump"."""
+        n = self.num_arrays
+        held = self._scratch_nd("held", n)
+        k_lengths_to_nd(self, held)
+        held_np = held.to_numpy()[:n]
+        best = self._best_layout(held_np, "ordered")
+        now = self.stats()["reserved_bytes"]
+        if best[0] * RETUNE_GAIN > now or not self._relayout_as(best[1], best[2], "ordered", held_np, held):
+            self._scratch.pop("held", None)
+        self._release_transient_scratch()
 
     def _relayout(self, target, shrink):
         """Compact the pool: target[i] chunks for list i, in list order, keeping every list's data (up to target[i]

@@ -229,6 +229,11 @@ def launch(fn, *args, vlas=None, rollback=True, max_retries=8):
                 if attempt and not v._overflow_given_back and v._shrink_overflow(max(ovf_cap,
                                                                                        bucket(2 * v._last_parked))):
                     v._overflow_given_back = True
+                # A first fill from empty knows every length: a VLA that chooses its layout settles into ordered
+                # runs now (lazy release, vla.growth.Growth._settle) rather than after the quiet refills.
+                if not v._ever_filled and v._auto_runs and v.runs == "bump" and not v._lost:
+                    v._settle()
+                v._ever_filled = True
             return result
         if rollback:
             for v, (snap, _, _, _), empty in zip(vlas, snaps, empties):

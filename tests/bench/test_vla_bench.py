@@ -31,10 +31,12 @@ def test_bench_vla_runs_every_store_and_read_in_rounds(monkeypatch):
             assert r["reduce_warp_kx_padded_best"] > 0 and r["read_kx_padded_best"] > 0
             assert r["grow_lists"] > 0
     assert by["padded"]["reserved_over_live"] > 100 and by["vla tuned ordered (0,1)"]["reserved_over_live"] < 3
-    # the default store runs as the README teaches (never trimmed): refills of the same lengths keep its memory;
-    # the tuned stores are trimmed after their first fill
+    # the default store runs as the README teaches (never trimmed): its first fill from empty settles it into ordered
+    # runs without headroom (lazy release), and refills of the same lengths keep that; the tuned stores are trimmed
+    # after their first fill
     default, ordered = by[vb.DEFAULT_STORE], by["vla tuned ordered (0,1)"]
-    assert default["first_reserved_over_live"] == default["reserved_over_live"]
+    assert default["reserved_over_live"] <= default["first_reserved_over_live"]
+    assert default["layout"].endswith(" ordered")
     assert default["first_device_over_live"] >= default["first_reserved_over_live"]
     assert ordered["first_reserved_over_live"] >= ordered["reserved_over_live"]
     table = vb.user_path_table(rows, kernel_times=True).splitlines()
