@@ -608,22 +608,13 @@ class Growth:
     def _retuned_layout(self, demand_np):
         """(inline_capacity, chunk_size) the VLA should change to for these demanded lengths, or None: it keeps its
         layout if it chose none of its sizes, or if the best layout (vla.tuning's model, keeping any size the caller
-        gave) saves less than RETUNE_GAIN, or would not fit 32-bit indices."""
+        gave) saves less than RETUNE_GAIN."""
         if not (self._auto_inline or self._auto_chunk):
             return None
         vals, counts = histogram(demand_np)
         now = modeled_bytes(vals, counts, self.inline_capacity, self.chunk_size, self.dtype, self.runs)
-        best = (now, self.inline_capacity, self.chunk_size)
-        for ic in INLINE_OPTIONS if self._auto_inline else (self.inline_capacity,):
-            for cs in CHUNK_OPTIONS if self._auto_chunk else (self.chunk_size,):
-                b = modeled_bytes(vals, counts, ic, cs, self.dtype, self.runs)
-                if b < best[0]:
-                    best = (b, ic, cs)
+        best = self._best_layout(demand_np, self.runs)
         if best[0] * RETUNE_GAIN > now:
-            return None
-        try:
-            check_reserve(self.name, self.num_arrays, best[1], best[2], demand_np)
-        except VLACapacityError:
             return None
         return best[1], best[2]
 
