@@ -11,7 +11,7 @@ from taichi.lang.util import to_numpy_type
 
 from .errors import VLACapacityError, VLAOverflowError
 from .growth import k_clear_all, k_lengths_to_nd, k_nd_to_lengths
-from .taichi_compat import I32_MAX
+from .taichi_compat import I32_MAX, is_primitive
 
 _nd = ti.types.ndarray()
 _i32_nd = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -32,6 +32,16 @@ def _k_scatter_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, own
     for e in range(total):
         i = owner[e]
         v._set_leaf_at(v._addr(i, e - offsets[i]), path, src[e])
+
+
+@ti.kernel
+def _k_count_short_lists(v: ti.template()) -> ti.i32:
+    """Lists holding fewer elements than their run has chunks (runs="ordered", no inline part, chunks of one)."""
+    short = 0
+    for i in range(v.num_arrays):
+        if v.length_field[i] != v._chunks_of(i):
+            short += 1
+    return short
 
 
 class Transfer:
@@ -55,6 +65,10 @@ class Transfer:
         self.commit()
         self._check_complete("to_csr")
         n = self.num_arrays
+        if self._store_is_csr():
+            # the pool already is the CSR values and the run starts its offsets: one copy each, nothing packed
+            offsets = self.table_start.to_numpy()
+            return offsets, self.store.to_numpy()[:int(offsets[-1])]
         lens = self._scratch_nd("lengths_out", n)
         k_lengths_to_nd(self, lens)
         offs = self._scratch_nd("csr_offsets", n + 1)
@@ -71,6 +85,13 @@ class Transfer:
         if not isinstance(self.dtype, StructType):
             values = values[""]
         return offsets, values
+
+    def _store_is_csr(self) -> bool:
+        """Whether the storage holds exactly a CSR layout: ordered runs with no inline part and chunks of one element
+        (what a VLA that settles into ordered runs takes for short lists, vla.growth.Growth._settle), each list
+        filling its run, elements stored as themselves. One scalar read when the layout qualifies."""
+        return (self.runs == "ordered" and self.inline_capacity == 0 and self.chunk_size == 1 and not self._packed
+                and is_primitive(self.dtype) and int(_k_count_short_lists(self)) == 0)
 
     def from_csr(self, offsets, values):
         """Replace every list's contents with a CSR description (the inverse of to_csr). Values must fit the element

@@ -237,3 +237,28 @@ def test_a_settled_vla_grows_again_and_settles_later():
         else:
             assert refills == 4 * QUIET_COMMITS + 1 and v.runs == "bump", refills
     v.release()
+
+
+def test_to_csr_of_a_settled_vla_is_its_storage():
+    """A VLA settled into ordered runs of one-element chunks with no inline part holds its lists as CSR: to_csr copies
+    the storage and the run starts (Transfer._store_is_csr); lists shorter than their runs take the packing path.
+    Both against numpy."""
+    rng = np.random.default_rng(9)
+    lens = rng.integers(0, 9, size=5000)
+    v = VLA(5000, ti.i32, name="csr")
+    launch(k_fill, v, nd(lens))
+    assert (v.runs, v.inline_capacity, v.chunk_size) == ("ordered", 0, 1) and v._store_is_csr()
+    offsets, values = v.to_csr()
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(lens)]))
+    assert_holds(v, lens)
+    ref = [np.asarray(x) for x in v.to_lists()]
+    np.testing.assert_array_equal(values, np.concatenate(ref))
+    shorter = np.maximum(lens - rng.integers(0, 2, size=lens.size), 0)   # fits the runs: no growth
+    v.clear_all()
+    k_fill(v, nd(shorter))
+    v.commit()
+    assert v.runs == "ordered" and not v._store_is_csr()
+    offsets, values = v.to_csr()
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(shorter)]))
+    assert_holds(v, shorter)
+    v.release()
