@@ -321,9 +321,11 @@ IMPACT_ITERATIONS = 6
 
 
 @ti.func
-def _impact_closing(model: ti.template(), solver: ti.template(), src, bi, mi, material_i, rec, dt):
-    """(approaching, vn, n, ri, rj, bj, e) of a contact rec of the body (bi, mi: its SolverBody and motion) with the
-    velocities of motion[src]: whether it closes faster than the restitution threshold and within this step."""
+def _impact_colliding(model: ti.template(), solver: ti.template(), contacts: ti.template(), src, bi, mi, material_i,
+                      rec, dt):
+    """(colliding, vn, n, ri, rj, bj, e) of a contact rec of a marked body (bi, mi: its SolverBody and motion) with the
+    velocities of motion[src]: it collides in this impact iteration if it closes faster than the restitution threshold
+    and within this step, and the other body (if not a plane) is marked too, so that both copies take part."""
     j = rec.other
     n = record_normal(rec)
     mj = Motion(v=vec3(0.0), w=vec3(0.0), pv=vec3(0.0), pw=vec3(0.0))
@@ -340,8 +342,9 @@ def _impact_closing(model: ti.template(), solver: ti.template(), src, bi, mi, ma
     rj = rec.point - bj.pos
     vn = ((mi.v + mi.w.cross(ri)) - (mj.v + mj.w.cross(rj))).dot(n)
     e = ti.max(model.material_restitution[material_i], model.material_restitution[mat_j])
-    approaching = vn < -model.restitution_threshold[None] and rec.depth > vn * dt and e > 0.0
-    return approaching, vn, n, ri, rj, bj, e
+    colliding = vn < -model.restitution_threshold[None] and rec.depth > vn * dt and e > 0.0 and \
+        (j < 0 or contacts.impact_dirty[src, j] != 0)
+    return colliding, vn, n, ri, rj, bj, e
 
 
 @ti.func
@@ -381,10 +384,9 @@ def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.tem
                 material_i = model.body_material[i]
                 for k in range(lists.length(li)):
                     rec = lists.get(li, k)
-                    j = rec.other
-                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, bi, mi, material_i, rec,
-                                                                      dt)
-                    if closing and (j < 0 or contacts.impact_dirty[src, j] != 0):
+                    colliding, _vn, _n, _ri, _rj, _bj, _e = _impact_colliding(model, solver, contacts, src, bi, mi,
+                                                                              material_i, rec, dt)
+                    if colliding:
                         active += 1
             contacts.impact_active[i] = active
         for i in range(n_bodies):   # collide them
@@ -404,9 +406,9 @@ def impact_pass(model: ti.template(), lists: ti.template(), base, solver: ti.tem
                 for k in range(lists.length(li)):
                     rec = lists.get(li, k)
                     j = rec.other
-                    closing, vn, nrm, ri, rj, bj, e = _impact_closing(model, solver, src, bi, mo, material_i, rec,
-                                                                      dt)
-                    if closing and (j < 0 or contacts.impact_dirty[src, j] != 0):
+                    colliding, vn, nrm, ri, rj, bj, e = _impact_colliding(model, solver, contacts, src, bi, mo,
+                                                                          material_i, rec, dt)
+                    if colliding:
                         n_j = 0.0
                         if j >= 0:
                             n_j = ti.cast(contacts.impact_active[j], ti.f32)
