@@ -29,15 +29,35 @@ class Appending:
         t_start = self.table_start[i]
         t_chunks = self._chunks_of(i)
         slot = ti.atomic_add(self.length_field[i], 1)
+        self._place(i, slot, x, t_start, t_chunks)
+        return slot
+
+    @ti.func
+    def append_n(self, i, n):
+        """Reserve n consecutive slots at the end of list i (thread-safe) and return the first one's index: list i
+        then holds, at first .. first + n - 1, what put(i, first + q, x) stores there, in that order, whatever other
+        threads append meanwhile. Readable after the commit, as append's."""
+        if ti.static(self._debug):
+            assert i >= 0 and i < self.num_arrays and n >= 0, "VLA.append_n: list index out of range or n < 0"
+        return ti.atomic_add(self.length_field[i], n)
+
+    @ti.func
+    def put(self, i, slot, x):
+        """Store x in a slot of list i that append_n reserved: at home if the list's storage holds it, else in the
+        overflow area, tagged with its slot, for the commit to move home (as append does)."""
+        self._place(i, slot, x, self.table_start[i], self._chunks_of(i))
+
+    @ti.func
+    def _place(self, i, slot, x, t_start, t_chunks):
+        """x into slot `slot` of list i (chunk run at t_start, t_chunks chunks): at home, or beyond the list's
+        chunks parked in the overflow area, tagged (list, slot), for commit() to move home."""
         if slot < self.inline_capacity + (t_chunks << self._chunk_shift):
             self._put(self._addr_at(i, slot, t_start), x)
         else:
-            # Beyond this list's chunks: park it in the overflow area; commit() moves it home.
             o = ti.atomic_add(self._scalars[0], 1)
             if o < self._scalars[1]:
                 self.ovf_value[o] = self._pack(x)
                 self.ovf_meta[o] = ti.Vector([i, slot])
-        return slot
 
     @ti.func
     def clear(self, i):

@@ -285,6 +285,51 @@ def test_append_get_length_set_clear():
     assert v.lengths().tolist() == [0, 0, 0, 0, 0]
 
 
+@ti.kernel
+def k_append_runs(v: ti.template(), owner: _i32_nd, start: _i32_nd, size: _i32_nd, n: ti.i32):
+    # run j: size[j] values start[j], start[j] + 1, ... into list owner[j], through append_n and put; a run of
+    # size 1 through append (both kinds race on the same lists)
+    for j in range(n):
+        if size[j] == 1:
+            v.append(owner[j], start[j])
+        else:
+            first = v.append_n(owner[j], size[j])
+            for q in range(size[j]):
+                v.put(owner[j], first + q, start[j] + q)
+
+
+_RUNS_VLA = None
+
+
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(1, 6)), min_size=1, max_size=120))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_append_n_keeps_each_run_together_and_in_order(runs):
+    # Reference: each list holds exactly its runs' values, and every run of append_n sits in consecutive slots in
+    # its own order, wherever the runs of other threads landed (small inline part and chunks: most of them go
+    # through the overflow area and the commit's growth).
+    global _RUNS_VLA
+    if _RUNS_VLA is None:   # (one VLA for every example: its kernels compile once)
+        _RUNS_VLA = VLA(8, ti.i32, inline_capacity=1, chunk_size=2, name="runs")
+    v = _RUNS_VLA
+    v.clear_all()
+    owner = np.array([o for o, _ in runs], np.int32)
+    size = np.array([k for _, k in runs], np.int32)
+    start = (np.arange(len(runs), dtype=np.int32) * 100)
+    args = []
+    for a in (owner, start, size):
+        nd = ti.ndarray(ti.i32, shape=len(runs))
+        nd.from_numpy(a)
+        args.append(nd)
+    launch(k_append_runs, v, *args, len(runs))
+    lists = v.to_lists()
+    for i in range(8):
+        want = sorted(int(start[j]) + q for j in range(len(runs)) if owner[j] == i for q in range(size[j]))
+        assert sorted(lists[i]) == want
+        for j in np.flatnonzero(owner == i):
+            at = lists[i].index(int(start[j]))
+            assert lists[i][at:at + size[j]] == [int(start[j]) + q for q in range(size[j])], (i, j, lists[i])
+
+
 def test_csr_roundtrip_lists_and_read_paths():
     rng = np.random.default_rng(1)
     lens = rng.integers(0, 40, size=50)
