@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.scene.schema import (GEN_KEYS, SHAPE_BOX, SHAPE_SPHERE, SHAPES, bool_ as _bool, material as _material,
+from app.scene.schema import (CAPSULE_AXES, GEN_KEYS, SHAPE_BOX, SHAPE_CAPSULE, SHAPE_SPHERE, SHAPES, bool_ as _bool, material as _material,
                               num as _num, str_ as _str, vec as _vec, check_keys as _check_keys)
 
 
@@ -68,23 +68,53 @@ def _random_quat(rng):
 
 
 def shape_size(ctx, key, b):
-    """(shape id, radius, half extents) of a body or generator entry; the unused size is filled from the
-    used one so that every body has both (radius = bounding radius for boxes)."""
+    """(shape id, radius, half extents, axis rotation) of a body or generator entry; the unused size is filled from
+    the used one so that every body has both (radius = bounding radius for boxes; half extents = the local bounding
+    box). The axis rotation (w, x, y, z) turns a capsule's segment from local y to its `axis` (identity otherwise)."""
     shape = _str(ctx, f"{key}.shape", b.get("shape"), tuple(SHAPES)) if "shape" in b else ctx.fail(
-        f"{key}.shape", "this key (sphere | box)", have_got=False)
-    if shape == "sphere":
+        f"{key}.shape", "this key (" + " | ".join(SHAPES) + ")", have_got=False)
+    ident = CAPSULE_AXES["y"]
+    for k, only in (("half_length", "capsule"), ("axis", "capsule")):
+        if k in b and shape != only:
+            ctx.fail(f"{key}.{k}", f"no {k} on a {shape} (only capsules have one)", have_got=False)
+    if shape in ("sphere", "capsule"):
         if "radius" not in b:
-            ctx.fail(f"{key}.radius", "this key (a number > 0) for a sphere", have_got=False)
+            ctx.fail(f"{key}.radius", f"this key (a number > 0) for a {shape}", have_got=False)
         if "half_extents" in b:
-            ctx.fail(f"{key}.half_extents", "no half_extents on a sphere (use radius)", have_got=False)
+            ctx.fail(f"{key}.half_extents", f"no half_extents on a {shape} (use radius"
+                     + (" and half_length)" if shape == "capsule" else ")"), have_got=False)
         r = _num(ctx, f"{key}.radius", b["radius"], positive=True)
-        return SHAPE_SPHERE, r, [r, r, r]
+        if shape == "sphere":
+            return SHAPE_SPHERE, r, [r, r, r], ident
+        if "half_length" not in b:
+            ctx.fail(f"{key}.half_length", "this key (a number > 0: half the length of the capsule's segment) for a "
+                                            "capsule", have_got=False)
+        hl = _num(ctx, f"{key}.half_length", b["half_length"], positive=True)
+        axis = _str(ctx, f"{key}.axis", b.get("axis", "y"), tuple(CAPSULE_AXES))
+        return SHAPE_CAPSULE, r, [r, hl + r, r], CAPSULE_AXES[axis]
     if "half_extents" not in b:
         ctx.fail(f"{key}.half_extents", "this key (a list of 3 numbers > 0) for a box", have_got=False)
     if "radius" in b:
         ctx.fail(f"{key}.radius", "no radius on a box (use half_extents)", have_got=False)
     h = _vec(ctx, f"{key}.half_extents", b["half_extents"], 3, positive=True)
-    return SHAPE_BOX, float(np.linalg.norm(h)), h
+    return SHAPE_BOX, float(np.linalg.norm(h)), h, ident
+
+
+def quat_mul(a, b):
+    """Hamilton product a b of quaternions (w, x, y, z): rotation b, then a."""
+    aw, ax, ay, az = a
+    bw, bx, by, bz = b
+    return [aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw]
+
+
+def _rotated_extent(half, q):
+    """Half size (m) along world x, y, z of the box `half` turned by the quaternion q (w, x, y, z)."""
+    w, x, y, z = q
+    R = np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                  [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                  [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+    return np.abs(R) @ np.asarray(half, np.float64)
 
 
 def expand_generator(ctx, key, g, acc, material_index, rng):
@@ -117,19 +147,28 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
         if np.any(hi <= lo):
             ctx.fail(f"{key}.max", "max > min on every axis", g.get("max"))
         shape_name = g.get("shape", "sphere")
-        _str(ctx, f"{key}.shape", shape_name, ("sphere", "box", "mixed"))
-        r = _num(ctx, f"{key}.radius", g["radius"], positive=True) if "radius" in g else None
-        h = _vec(ctx, f"{key}.half_extents", g["half_extents"], 3, positive=True) if "half_extents" in g else None
+        _str(ctx, f"{key}.shape", shape_name, ("sphere", "box", "capsule", "mixed"))
+        if shape_name == "capsule":
+            _, r, cap_half, axis = shape_size(ctx, key, g)
+            h = None
+        else:
+            for k in ("half_length", "axis"):
+                if k in g:
+                    ctx.fail(f"{key}.{k}", "only with shape: capsule", have_got=False)
+            r = _num(ctx, f"{key}.radius", g["radius"], positive=True) if "radius" in g else None
+            h = _vec(ctx, f"{key}.half_extents", g["half_extents"], 3, positive=True) if "half_extents" in g else None
         if shape_name in ("sphere", "mixed") and r is None:
             ctx.fail(f"{key}.radius", "this key for spheres", have_got=False)
         if shape_name in ("box", "mixed") and h is None:
             ctx.fail(f"{key}.half_extents", "this key for boxes", have_got=False)
-        box_fraction = {"sphere": 0.0, "box": 1.0}.get(shape_name)
+        box_fraction = {"sphere": 0.0, "box": 1.0, "capsule": 0.0}.get(shape_name)
         if box_fraction is None:
             box_fraction = _num(ctx, f"{key}.box_fraction", g.get("box_fraction", 0.5), nonneg=True, high=1.0)
         sj = _num(ctx, f"{key}.size_jitter", g.get("size_jitter", 0.0), nonneg=True, high=0.9)
         rand_orient = _bool(ctx, f"{key}.random_orientation", g.get("random_orientation", True))
         bound = max(r or 0.0, float(np.linalg.norm(h)) if h is not None else 0.0)
+        if shape_name == "capsule":
+            bound = cap_half[1]
         cell = 2.0 * bound * 1.05
         dims = np.maximum(1, np.floor((hi - lo) / cell).astype(np.int64))
         slots = int(np.prod(dims))
@@ -148,7 +187,11 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
             q = rng.normal(size=(count, 4))
             q /= np.linalg.norm(q, axis=1, keepdims=True)
         else:
-            q = np.tile(ident, (count, 1))
+            q = np.tile(axis if shape_name == "capsule" else ident, (count, 1))
+        if shape_name == "capsule":
+            acc.add_many(np.full(count, SHAPE_CAPSULE), r * scale, np.asarray(cap_half)[None] * scale[:, None], pos, q,
+                         np.tile(vel, (count, 1)), np.tile(omega, (count, 1)), mat, np.full(count, fixed))
+            return
         is_box = rng.random(count) < box_fraction
         half = np.where(is_box[:, None], np.asarray(h if h is not None else [1, 1, 1], np.float64)[None] * scale[:, None],
                         (r or 1.0) * scale[:, None] * np.ones((1, 3)))
@@ -157,21 +200,23 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
                      np.tile(vel, (count, 1)), np.tile(omega, (count, 1)), mat, np.full(count, fixed))
         return
 
-    shape, r, h = shape_size(ctx, key, g)
+    shape, r, h, axis = shape_size(ctx, key, g)
     if "material" not in g:
         ctx.fail(f"{key}.material", "this key", have_got=False)
     mat = material_index[_material(ctx, f"{key}.material", g["material"], names)]
-    ext = np.asarray(h, np.float64)  # half size along x, y, z (spheres: r, r, r)
+    ext = _rotated_extent(h, axis)  # half size along world x, y, z (spheres: r, r, r)
+    ident = list(axis)   # (a capsule's axis turned into place; the identity for the other shapes)
+    bound = r if shape == SHAPE_SPHERE else (h[1] if shape == SHAPE_CAPSULE else float(np.linalg.norm(h)))
 
     if kind == "grid":
         count = _vec(ctx, f"{key}.count", g.get("count"), 3, positive=True, integer=True)
         ctx.take_bodies(f"{key}.count", count[0] * count[1] * count[2])
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
-        min_spacing = 2 * (r if shape == SHAPE_SPHERE else float(np.linalg.norm(h)))
+        min_spacing = 2 * bound
         spacing = _num(ctx, f"{key}.spacing", g.get("spacing", min_spacing * 1.05), positive=True)
         jitter = _num(ctx, f"{key}.jitter", g.get("jitter", 0.0), nonneg=True)
         rand_orient = _bool(ctx, f"{key}.random_orientation", g.get("random_orientation", False))
-        if spacing - 2 * jitter < (2 * r if shape == SHAPE_SPHERE else 2 * float(np.max(h))) and not rand_orient:
+        if spacing - 2 * jitter < 2 * float(np.max(ext)) and not rand_orient:
             ctx.fail(f"{key}.spacing", "spacing - 2*jitter >= the body's size so bodies do not start "
                                        "overlapping", spacing)
         for iy in range(count[1]):

@@ -23,7 +23,7 @@ import yaml
 
 from app.errors import UserError
 from app.scene import yamlio
-from app.scene.generators import Bodies, expand_generator, shape_size
+from app.scene.generators import Bodies, expand_generator, quat_mul, shape_size
 from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
                               Ctx, Scene, body_mass_properties, bool_ as _bool, check_keys as _check_keys, limit,
                               mapping as _mapping, material as _material, num as _num, quat as _quat, str_ as _str,
@@ -189,9 +189,9 @@ def validate(data: dict, path="<dict>") -> Scene:
         else:
             _check_keys(ctx, key, b, BODY_KEYS, required=("shape", "position", "material"))
             ctx.take_bodies(key, 1)
-            shape, r, h = shape_size(ctx, key, b)
+            shape, r, h, axis = shape_size(ctx, key, b)
             acc.add(shape, r, h, _vec(ctx, f"{key}.position", b["position"]),
-                    _quat(ctx, f"{key}.orientation", b.get("orientation", [1, 0, 0, 0])),
+                    quat_mul(_quat(ctx, f"{key}.orientation", b.get("orientation", [1, 0, 0, 0])), axis),
                     _vec(ctx, f"{key}.velocity", b.get("velocity", [0, 0, 0])),
                     _vec(ctx, f"{key}.angular_velocity", b.get("angular_velocity", [0, 0, 0])),
                     material_index[_material(ctx, f"{key}.material", b["material"], names)],

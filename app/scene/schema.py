@@ -11,7 +11,15 @@ from app.errors import UserError
 
 SHAPE_SPHERE = 0
 SHAPE_BOX = 1
-SHAPES = {"sphere": SHAPE_SPHERE, "box": SHAPE_BOX}
+# A capsule: the points within `radius` of a segment of half length `half_length` along the body's local y axis.
+# Its row stores radius = the capsule's radius and half_extents = (radius, half_length + radius, radius), its local
+# bounding box, as a box's half_extents are.
+SHAPE_CAPSULE = 2
+SHAPES = {"sphere": SHAPE_SPHERE, "box": SHAPE_BOX, "capsule": SHAPE_CAPSULE}
+# Which local axis a capsule's segment lies along (`axis:`): the rotation (w, x, y, z) that takes local y there,
+# applied before the body's orientation.
+CAPSULE_AXES = {"y": (1.0, 0.0, 0.0, 0.0), "x": (math.sqrt(0.5), 0.0, 0.0, -math.sqrt(0.5)),
+                "z": (math.sqrt(0.5), math.sqrt(0.5), 0.0, 0.0)}
 CONTACT_STORAGES = ("vla", "padded", "dynamic")
 ARCHS = ("auto", "cpu", "cuda")
 
@@ -44,10 +52,10 @@ MATERIAL_KEYS = {"density": 1000.0, "friction": 0.5, "restitution": 0.1}
 
 
 TOP_KEYS = {"name", "description", "sim", "materials", "static", "bodies", "camera"}
-BODY_KEYS = {"shape", "radius", "half_extents", "position", "velocity", "angular_velocity", "orientation",
-             "material", "fixed"}
-GEN_COMMON = {"generate", "shape", "radius", "half_extents", "material", "velocity", "angular_velocity",
-              "fixed"}
+BODY_KEYS = {"shape", "radius", "half_extents", "half_length", "axis", "position", "velocity", "angular_velocity",
+             "orientation", "material", "fixed"}
+GEN_COMMON = {"generate", "shape", "radius", "half_extents", "half_length", "axis", "material", "velocity",
+              "angular_velocity", "fixed"}
 GEN_KEYS = {
     "grid": GEN_COMMON | {"count", "origin", "spacing", "jitter", "random_orientation"},
     "random": GEN_COMMON | {"count", "min", "max", "box_fraction", "size_jitter", "materials",
@@ -143,8 +151,9 @@ class Scene:
         material_index: name -> material id.
         statics: list of dicts {type: plane, normal, offset, material} and {type: container, size,
             center, material}.
-        bodies: dict of numpy arrays, one row per body in scene order: shape (N,) int32, radius (N,)
-            m, half_extents (N,3) m, position (N,3) m, orientation (N,4) w,x,y,z, velocity (N,3) m/s,
+        bodies: dict of numpy arrays, one row per body in scene order: shape (N,) int32 (SHAPES), radius (N,)
+            m (a sphere's or a capsule's radius; a box's bounding radius), half_extents (N,3) m (the local
+            bounding box: a box's half extents, (r, r, r) for a sphere, (r, half_length + r, r) for a capsule), position (N,3) m, orientation (N,4) w,x,y,z, velocity (N,3) m/s,
             angular_velocity (N,3) rad/s, material (N,) int32, fixed (N,) bool.
         camera: dict or None.
         raw: the validated mapping (after overrides), for metrics and batch tooling.
@@ -179,13 +188,17 @@ class Scene:
 
 
 def _smallest_extent(bodies):
+    """Each body's smallest half size (m): a sphere's or capsule's radius, a box's smallest half extent."""
     return np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"], bodies["half_extents"].min(axis=1))
 
 
 def body_bounding_radius(bodies) -> np.ndarray:
-    """Radius (m) of each body's bounding sphere: r for spheres, |half_extents| for boxes."""
-    return np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"],
-                    np.linalg.norm(bodies["half_extents"], axis=1)).astype(np.float64)
+    """Radius (m) of each body's bounding sphere: r for spheres, |half_extents| for boxes, half_length + r for
+    capsules."""
+    shape = bodies["shape"]
+    h = bodies["half_extents"]
+    return np.select([shape == SHAPE_SPHERE, shape == SHAPE_CAPSULE],
+                     [bodies["radius"], h[:, 1]], np.linalg.norm(h, axis=1)).astype(np.float64)
 
 
 # A body's mass (kg) and principal moments of inertia (kg m^2) must lie in this range: the solver works in float32
@@ -202,11 +215,23 @@ def body_mass_properties(bodies, materials):
         r = bodies["radius"]
         h = bodies["half_extents"]
         sphere = bodies["shape"] == SHAPE_SPHERE
-        vol = np.where(sphere, 4.0 / 3.0 * np.pi * r ** 3, 8.0 * h.prod(axis=1))
+        capsule = bodies["shape"] == SHAPE_CAPSULE
+        seg = h[:, 1] - h[:, 0]   # a capsule's half length
+        cylinder = np.pi * r ** 2 * 2.0 * seg
+        ball = 4.0 / 3.0 * np.pi * r ** 3
+        vol = np.select([sphere, capsule], [ball, cylinder + ball], 8.0 * h.prod(axis=1))
         mass = dens * vol
         inertia = np.empty((len(r), 3))
         inertia[sphere] = (0.4 * mass[sphere] * r[sphere] ** 2)[:, None]
-        bx = ~sphere
+        # capsule (axis y): the cylinder, and the two hemispheres moved out to the cylinder's ends (each hemisphere's
+        # centre of mass sits 3r/8 from its flat face: I = m_ball (2r^2/5 + hl^2 + 3 hl r / 4) across the axis)
+        rc, sc = r[capsule], seg[capsule]
+        m_cyl = dens[capsule] * cylinder[capsule]
+        m_ball = dens[capsule] * ball[capsule]
+        axial = m_cyl * rc ** 2 / 2.0 + m_ball * 0.4 * rc ** 2
+        across = m_cyl * (rc ** 2 / 4.0 + (2.0 * sc) ** 2 / 12.0) + m_ball * (0.4 * rc ** 2 + sc ** 2 + 0.75 * sc * rc)
+        inertia[capsule] = np.stack([across, axial, across], 1)
+        bx = ~(sphere | capsule)
         hx, hy, hz = h[bx, 0], h[bx, 1], h[bx, 2]
         m = mass[bx]
         inertia[bx] = np.stack([m / 3 * (hy * hy + hz * hz), m / 3 * (hx * hx + hz * hz), m / 3 * (hx * hx + hy * hy)],

@@ -33,11 +33,20 @@ from app.sim.state import asleep_by_time
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
-# box-plane, 2 box-box (class = number of boxes in the pair).
+# box-plane, 2 box-box and every pair with a capsule (pair_class).
 PAIR_CLASSES = 3
 # Classes whose pairs the narrowphase first packs densely (the costly geometry: box-sphere/box-plane and
 # box-box): walked through the pairs VLA's flat slots, their threads met empty slots and other classes' pairs.
 COMPACT_CLASSES = (1, 2)
+
+
+@ti.func
+def pair_class(shape_a, shape_b):
+    """Pair class of bodies of shapes shape_a and shape_b (app.scene.schema.SHAPES: sphere 0, box 1, capsule 2), or
+    of a body of shape_a with a plane (shape_b = 0): the number of boxes, and a capsule counts as two. Capsules are
+    rare beside the spheres and boxes of large scenes, so they share the costly class rather than add a list per
+    body."""
+    return ti.min(shape_a + shape_b, 2)
 
 
 @ti.func
@@ -216,7 +225,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             for k in range(model.plane_count[None]):
                 # no point of the body can be deeper than its bounding sphere
                 if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -ti.max(margin, reach_i):
-                    grid.pairs.append(grid.pair_list(shape_i, t), -1 - k)
+                    grid.pairs.append(grid.pair_list(pair_class(shape_i, 0), t), -1 - k)
         c = grid_cell_of(pi_, cs)
         # Half the neighbourhood: the own cell (pairs j > i) and the 13 cells whose offset (dz, dy, dx) is
         # lexicographically positive (all their bodies). A pair in two different cells is seen from exactly
@@ -235,7 +244,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                     if fixed_i:   # (a branch: Taichi evaluates both sides of `and`)
                         ok = model.body_inv_mass[j] != 0.0
                     if ok:
-                        grid.pairs.append(grid.pair_list(shape_i + model.body_shape[j], t), j)
+                        grid.pairs.append(grid.pair_list(pair_class(shape_i, model.body_shape[j]), t), j)
     for t, q in ti.ndrange(n, grid.large_count[None]):
         i = grid.body_order[t]
         big = grid.large_ids[q]
@@ -247,7 +256,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
                     ti.max(margin, grid.body_reach[i] + grid.body_reach[big]):
                 if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
-                    grid.pairs.append(grid.pair_list(model.body_shape[i] + model.body_shape[big], t), big)
+                    grid.pairs.append(grid.pair_list(pair_class(model.body_shape[i], model.body_shape[big]), t), big)
 
 
 @ti.data_oriented

@@ -45,8 +45,9 @@ vec2 = ti.types.vector(2, ti.f32)
 #       body's copy's is the exact negative of the first's
 #   depth: f32 m, penetration (> 0) or speculative gap (< 0, within the contact margin)
 #   other: i32, the other body (stored index), or -1 - plane for a static plane
-#   feature: i32, which geometric feature pair produced it, with SECOND_COPY set in the second body's copy;
-#       the warm-start key together with other
+#   feature: i32, which geometric feature pair produced it (its low FEATURE_ID_BITS bits), with SECOND_COPY set in
+#       the second body's copy: feature_key(feature) and other are the warm-start key. The 4 bits above the id:
+#       its place among its pair's points (pair_place)
 #   impulse_n: f32 N s, accumulated normal impulse
 #   impulse_t: vec2 N s, accumulated friction impulse as coordinates along the tangents (t1, t2) that
 #       app.sim.math3d.contact_tangents(normal) gives (2 floats instead of a vec3)
@@ -64,6 +65,33 @@ CONTACT_RECORD_BYTES = 4 * (3 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 1)
 # stored indices is lower, orients its normal: stored indices change when the bodies are re-sorted
 # (app.sim.reorder), and a record read in the solver needs no body id loaded to know its sign.
 SECOND_COPY = 1 << 30
+
+# A pair's contact points (up to 4, one manifold) sit in consecutive slots of each of its two lists, in the same
+# order in both (the narrowphase appends them with append_n), and are solved one after the other
+# (app.sim.solver.solve_iteration). Each record says where in its pair it sits: its rank (0 .. count - 1) and
+# the pair's count, in the two 2-bit fields above the feature id.
+FEATURE_ID_BITS = 8
+RANK_SHIFT = FEATURE_ID_BITS
+COUNT_SHIFT = FEATURE_ID_BITS + 2
+FEATURE_KEY_MASK = SECOND_COPY | ((1 << FEATURE_ID_BITS) - 1)
+
+
+@ti.func
+def feature_key(feature):
+    """The warm-start part of a record's `feature` (the feature id and SECOND_COPY), without its place in its pair."""
+    return feature & FEATURE_KEY_MASK
+
+
+@ti.func
+def pair_place(feature):
+    """(rank, count): where a record sits among its pair's consecutive points, and how many the pair has."""
+    return (feature >> RANK_SHIFT) & 3, ((feature >> COUNT_SHIFT) & 3) + 1
+
+
+@ti.func
+def with_place(feature, rank, count):
+    """`feature` marked as point `rank` of a pair of `count` (1-4) points."""
+    return feature | (rank << RANK_SHIFT) | ((count - 1) << COUNT_SHIFT)
 
 
 @ti.func
@@ -130,11 +158,21 @@ class _CountedLists:
     @ti.func
     def append(self, i, x):
         slot = ti.atomic_add(self.count[i], 1)
+        self.put(i, slot, x)
+        return slot
+
+    @ti.func
+    def append_n(self, i, n):
+        """n consecutive slots of list i (vla.VLA.append_n); the first one's index."""
+        return ti.atomic_add(self.count[i], n)
+
+    @ti.func
+    def put(self, i, slot, x):
+        """x into a slot append_n reserved, or dropped (and counted) past the maximum."""
         if slot < self.limit[None]:
             self.data[i, slot] = x
         else:
             ti.atomic_add(self.dropped_now[None], 1)
-        return slot
 
     @ti.func
     def length(self, i):

@@ -22,8 +22,11 @@ from vla import launch
 from vla.scan import exclusive_scan
 
 from app.sim.diagnostics import record_penetration
+from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_SPHERE
 from app.sim.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
-from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal
+from app.sim.capsule import (PARALLEL_SIN, box_closest, capsule_segment, clip_segment_to_face, closest_on_segment,
+                             segment_box_deepest, segments_closest)
+from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal, feature_key, with_place
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 from app.sim.model import NO_CLIP
@@ -64,7 +67,7 @@ def _find_key(lists: ti.template(), lp, other, feature):
     wait on one another."""
     found = -1
     for q in range(lists.length(lp)):
-        hit = lists.get_member(lp, q, "other") == other and lists.get_member(lp, q, "feature") == feature
+        hit = lists.get_member(lp, q, "other") == other and feature_key(lists.get_member(lp, q, "feature")) == feature
         found = ti.select(found < 0 and hit, q, found)
     return found
 
@@ -165,6 +168,141 @@ def collide_sphere_sphere(ci, ri, cj, rj, margin):
             n = d / dist
         m.normal = n
         manifold_add(m, ci + n * (ri - 0.5 * depth), depth, 0)
+    return m
+
+
+@ti.func
+def collide_capsule_plane(model: ti.template(), p, R, he, k, margin):
+    """Both ends of a capsule's segment as spheres of its radius against plane k: up to 2 points (a capsule lying on
+    a floor rests on both). he: its half_extents (r, half_length + r, r)."""
+    m = manifold_empty()
+    n = model.plane_normal[k]
+    m.normal = n
+    r = he[0]
+    a, b = capsule_segment(p, R, he)
+    behind = model.plane_offset[k] - n.dot(p)
+    for e in ti.static(range(2)):
+        c = a
+        if ti.static(e == 1):
+            c = b
+        depth = model.plane_offset[k] - n.dot(c) + r
+        point = c - n * (r - 0.5 * depth)
+        if depth > -margin and plane_accepts(model, k, point, depth, behind, he[1]):
+            manifold_add(m, point, depth, e)
+    return m
+
+
+@ti.func
+def collide_capsule_sphere(a, b, rc, c, rs, margin):
+    """A capsule (segment a-b, radius rc) and a sphere (centre c, radius rs): the sphere against the segment's point
+    closest to its centre. Normal from the capsule towards the sphere."""
+    t = closest_on_segment(a, b, c)
+    return collide_sphere_sphere(a + t * (b - a), rc, c, rs, margin)
+
+
+@ti.func
+def collide_capsule_capsule(a0, a1, ra, b0, b1, rb, margin):
+    """Two capsules (segments a0-a1, b0-b1; radii ra, rb): the closest points of the segments, or, for segments
+    within PARALLEL_SIN of parallel, the two ends of their overlap along the first (a log resting on a log: one point
+    would let it roll about the contact). Normal from the first towards the second."""
+    m = manifold_empty()
+    s, t = segments_closest(a0, a1, b0, b1)
+    pa = a0 + s * (a1 - a0)
+    pb = b0 + t * (b1 - b0)
+    d = pb - pa
+    dist = d.norm()
+    depth = ra + rb - dist
+    if depth > -margin:
+        da = a1 - a0
+        la = da.norm()
+        ua = da / la
+        db = b1 - b0
+        n, _t2 = contact_tangents(ua)   # (axes that meet: any direction across the first)
+        if dist > 1e-9:
+            n = d / dist
+        m.normal = n
+        two = False
+        if ua.cross(db).norm() < PARALLEL_SIN * db.norm():
+            sb0 = (b0 - a0).dot(ua)
+            sb1 = (b1 - a0).dot(ua)
+            lo = ti.max(0.0, ti.min(sb0, sb1))
+            hi = ti.min(la, ti.max(sb0, sb1))
+            if hi - lo > 0.1 * ti.min(ra, rb):
+                two = True
+                for e in ti.static(range(2)):
+                    sa = lo
+                    if ti.static(e == 1):
+                        sa = hi
+                    xa = a0 + ua * sa
+                    xb = b0 + closest_on_segment(b0, b1, xa) * db
+                    dep = ra + rb - (xb - xa).dot(n)
+                    if dep > -margin:
+                        manifold_add(m, xa + n * (ra - 0.5 * dep), dep, e)
+        if not two:
+            manifold_add(m, pa + n * (ra - 0.5 * depth), depth, 2)
+    return m
+
+
+@ti.func
+def collide_capsule_box(a, b, rc, pb, R, h, margin):
+    """A capsule (segment a-b, radius rc) and a box (centre pb, rotation R, half extents h): the segment's point
+    deepest in the box (or closest to it), or, for a segment within PARALLEL_SIN of parallel to the face it meets,
+    the two ends of its part over that face. Normal from the capsule towards the box."""
+    m = manifold_empty()
+    Rt = R.transpose()
+    al = Rt @ (a - pb)
+    bl = Rt @ (b - pb)
+    d = bl - al
+    x = al + segment_box_deepest(al, bl, h) * d
+    n_l, s, face = box_closest(x, h)   # n_l: from the box towards the segment
+    depth = rc - s
+    if depth > -margin:
+        m.normal = -(R @ n_l)
+        two = False
+        if face >= 0 and ti.abs(d.dot(n_l)) < PARALLEL_SIN * d.norm():
+            t0, t1, ok = clip_segment_to_face(al, bl, h, face)
+            if ok and t1 - t0 > 1e-3:
+                two = True
+                side = ti.select(n_l[face] < 0.0, 1, 0)
+                for e in ti.static(range(2)):
+                    te = t0
+                    if ti.static(e == 1):
+                        te = t1
+                    xe = al + te * d
+                    dep = rc - (xe.dot(n_l) - h[face])   # the segment's height over the face, less the radius
+                    if dep > -margin:
+                        manifold_add(m, pb + R @ (xe - n_l * (rc - 0.5 * dep)), dep, 4 * face + 2 * side + e)
+        if not two:
+            manifold_add(m, pb + R @ (x - n_l * (rc - 0.5 * depth)), depth, 12)
+    return m
+
+
+@ti.func
+def capsule_pair_manifold(model: ti.template(), state: ti.template(), i, j, margin):
+    """Manifold of bodies i and j, one of them a capsule (the other a sphere, box or capsule), normal from i towards
+    j; size (m): the smaller half size of the two."""
+    c = i
+    o = j
+    if model.body_shape[i] != SHAPE_CAPSULE:
+        c = j
+        o = i
+    hc = model.body_half_extents[c]
+    rc = hc[0]
+    a, b = capsule_segment(state.body_pos[c], quat_to_mat(state.body_quat[c]), hc)
+    shape_o = model.body_shape[o]
+    po = state.body_pos[o]
+    ho = model.body_half_extents[o]
+    m = manifold_empty()
+    if shape_o == SHAPE_SPHERE:
+        m = collide_capsule_sphere(a, b, rc, po, ho[0], margin)
+    elif shape_o == SHAPE_BOX:
+        m = collide_capsule_box(a, b, rc, po, quat_to_mat(state.body_quat[o]), ho, margin)
+    else:
+        a2, b2 = capsule_segment(po, quat_to_mat(state.body_quat[o]), ho)
+        m = collide_capsule_capsule(a, b, rc, a2, b2, ho[0], margin)
+    if c != i:
+        m.normal = -m.normal
+    m.size = ti.min(rc, ho.min())
     return m
 
 
@@ -463,7 +601,8 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 @ti.func
 def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls: ti.template()):
     """Manifold of body i with body j (or plane -1 - j when j < 0), a pair of the static class cls (0:
-    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box; see app.sim.broadphase)."""
+    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box and every pair with a capsule; see
+    app.sim.broadphase.pair_class)."""
     pi_ = state.body_pos[i]
     m = manifold_empty()
     size = 1.0
@@ -493,10 +632,17 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
             m = sphere_box_manifold(state.body_pos[j], rj, pi_, quat_to_mat(state.body_quat[i]), hi, margin, False)
     else:
         hi = model.body_half_extents[i]
-        hj = model.body_half_extents[j]
-        size = ti.min(hi.min(), hj.min())
-        m = collide_box_box(pi_, quat_to_mat(state.body_quat[i]), hi, state.body_pos[j],
-                            quat_to_mat(state.body_quat[j]), hj, margin)
+        size = hi.min()
+        if j < 0:   # (in this class, only a capsule meets a plane)
+            m = collide_capsule_plane(model, pi_, quat_to_mat(state.body_quat[i]), hi, -1 - j, margin)
+        elif model.body_shape[i] == SHAPE_BOX and model.body_shape[j] == SHAPE_BOX:
+            hj = model.body_half_extents[j]
+            size = ti.min(hi.min(), hj.min())
+            m = collide_box_box(pi_, quat_to_mat(state.body_quat[i]), hi, state.body_pos[j],
+                                quat_to_mat(state.body_quat[j]), hj, margin)
+        else:
+            m = capsule_pair_manifold(model, state, i, j, margin)
+            size = m.size
     m.size = size
     return m
 
@@ -588,6 +734,11 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
         searched = inv_i > 0.0 or inv_j > 0.0
         lp = prev_base + s
         deepest = -1e30
+        # the pair's points in consecutive slots of both lists (the solver walks them in order)
+        first_i = lists.append_n(base + i, m.count)
+        first_j = 0
+        if j >= 0:
+            first_j = lists.append_n(base + j, m.count)
         for q in range(m.count):
             point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
             depth = m.depth[q]
@@ -620,12 +771,19 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 t1, t2 = contact_tangents(n)
                 c = tangent_coords(warm * (old_t - old_t.dot(n) * n), t1, t2)
             # the basis of -n is (-t1, t2): the other copy's coordinates of -jt are (c0, -c1)
-            lists.append(base + i, _record(point, code, depth, j, m.feature[q], bias, ti.select(inv_i > 0.0, jn, 0.0),
-                                           c * ti.select(inv_i > 0.0, 1.0, 0.0)))
+            # (in the order of their feature ids, which a pair keeps from step to step while its manifold's
+            # order, deepest first, changes as the bodies rock)
+            place = 0
+            for p2 in range(m.count):
+                place += ti.select(m.feature[p2] < m.feature[q], 1, 0)
+            f = with_place(m.feature[q], place, m.count)
+            lists.put(base + i, first_i + place, _record(point, code, depth, j, f, bias,
+                                                         ti.select(inv_i > 0.0, jn, 0.0),
+                                                         c * ti.select(inv_i > 0.0, 1.0, 0.0)))
             if j >= 0:
-                lists.append(base + j, _record(point, code, depth, i, m.feature[q] | SECOND_COPY, bias,
-                                               ti.select(inv_j > 0.0, jn, 0.0),
-                                               ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
+                lists.put(base + j, first_j + place, _record(point, code, depth, i, f | SECOND_COPY, bias,
+                                                         ti.select(inv_j > 0.0, jn, 0.0),
+                                                         ti.Vector([c[0], -c[1]]) * ti.select(inv_j > 0.0, 1.0, 0.0)))
             deepest = ti.max(deepest, depth)
         record_penetration(model, diagnostics, i, j, deepest, m.size)
 

@@ -21,9 +21,12 @@ import numpy as np
 
 from app.errors import UserError, raise_if_signalled
 from app.files import write_named_atomic, write_text_atomic
+from app.scene.schema import SHAPES
 from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
                                 fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
 from app.viewer.pacing import FramePacer
+
+SHAPE_NAMES = {v: k for k, v in SHAPES.items()}
 
 DROP_HEADROOM = 4096           # bodies the window can add before the simulation's fields must grow
 PREVIEW_SIM_SECONDS = 1.0      # no display: simulated time of the headless preview run (a few s on a laptop)
@@ -324,7 +327,7 @@ class InteractiveViewer:
             if self.selected is not None and self.selected < sim.body_count:
                 b = self.selected
                 k = int(sim.internal_of[b])
-                shape = ("sphere", "box")[int(sim.model.body_shape[k])]
+                shape = SHAPE_NAMES[int(sim.model.body_shape[k])]
                 speed = float(np.linalg.norm(np.asarray(sim.state.body_vel[k])))
                 fixed = bool(sim.builder.bodies["fixed"][b])
                 g.text(f"body {b}: {shape}, {float(sim.builder.bodies['mass'][b]):.3g} kg, {speed:.2f} m/s"
@@ -379,7 +382,8 @@ class InteractiveViewer:
         sim = self.sim
         window = open_window(f"{WINDOW_TITLE} - {sim.scene.name}", self.size, show_window=True)
         try:
-            renderer = Renderer(SimSource(sim), color_mode=self.color_mode, show_contacts=self.show_contacts)
+            renderer = Renderer(SimSource(sim), aspect=self.size[0] / self.size[1], color_mode=self.color_mode,
+                                show_contacts=self.show_contacts)
             camera = ti.ui.Camera()
             lo, hi = renderer.scene_bounds()
             spec = camera_spec(sim.scene.camera, lo, hi, self.size[0] / self.size[1])

@@ -1,17 +1,19 @@
 """Viewer kernels: sphere particles, box instance transforms and contact glyphs, filled on the device from the State.
 
 Spheres are GGUI particles (impostors: a sphere shaded per pixel from one point), one draw for all of them with a
-colour and a radius each. Boxes are instanced meshes, and GGUI's ``scene.mesh_instance`` takes one colour per call,
+colour and a radius each; a capsule is an instanced cylinder and two such particles at its ends. Boxes and the
+capsules' cylinders are instanced meshes, and GGUI's ``scene.mesh_instance`` takes one colour per call,
 so they are drawn in colour buckets: every frame a counting sort on the device orders the bodies by key = shape *
 COLOR_BUCKETS + bucket (bucket: material, contact count or sleep state) and writes each body's 4x4 transform into
-its slot; the host then issues one ``mesh_instance`` call per non-empty box bucket. The only per-frame read-back
-is the bucket counts (2 * COLOR_BUCKETS int32), never the bodies.
+its slot; the host then issues one ``mesh_instance`` call per non-empty box or capsule bucket. The only per-frame
+read-back is the bucket counts (SHAPE_KINDS * COLOR_BUCKETS int32), never the bodies.
 
 Kernels read the simulator's fields (state.body_pos, state.body_quat, model.body_half_extents,
 model.body_shape, model.body_material, the contact lists) and write only the viewer's own fields.
 """
 import taichi as ti
 
+from app.scene.schema import SHAPE_CAPSULE, SHAPE_SPHERE
 from app.sim.contacts import first_copy, record_normal
 from app.sim.math3d import quat_to_mat
 from app.sim.state import asleep_by_time
@@ -60,27 +62,40 @@ def kernel_keys_speed(body_shape: ti.template(), body_vel: ti.template(), body_c
 
 @ti.kernel
 def kernel_sphere_particles(body_key: ti.template(), body_shape: ti.template(), body_pos: ti.template(),
-                            body_half_extents: ti.template(), body_count: ti.i32, bucket_color: ti.template(),
-                            buckets: ti.i32, sphere_count: ti.template(), center: ti.template(),
-                            radius: ti.template(), color: ti.template()):
-    """The spheres as particles: centre (m), radius (m) and colour (bucket_color of the body's key), packed in the
-    first sphere_count[None] entries (in no particular order: each is drawn on its own)."""
+                            body_quat: ti.template(), body_half_extents: ti.template(), body_count: ti.i32,
+                            radius_scale: ti.f32, bucket_color: ti.template(), buckets: ti.i32,
+                            sphere_count: ti.template(), center: ti.template(), radius: ti.template(),
+                            color: ti.template()):
+    """The spheres, and both ends of each capsule, as particles: centre (m), radius (m, times radius_scale: see
+    app.viewer.render.Renderer) and colour (bucket_color of the body's key), packed in the first sphere_count[None]
+    entries (in no particular order: each is drawn on its own)."""
     sphere_count[None] = 0
     for i in range(body_count):
-        if body_shape[i] == 0:
+        if body_shape[i] == SHAPE_SPHERE:
             s = ti.atomic_add(sphere_count[None], 1)
             center[s] = body_pos[i]
-            radius[s] = body_half_extents[i][0]
+            radius[s] = body_half_extents[i][0] * radius_scale
             color[s] = bucket_color[body_key[i] % buckets]
+        elif body_shape[i] == SHAPE_CAPSULE:
+            h = body_half_extents[i]
+            R = quat_to_mat(body_quat[i])
+            axis = ti.Vector([R[0, 1], R[1, 1], R[2, 1]]) * (h[1] - h[0])
+            s = ti.atomic_add(sphere_count[None], 2)
+            for e in ti.static(range(2)):
+                center[s + e] = body_pos[i] + (2 * e - 1) * axis
+                radius[s + e] = h[0] * radius_scale
+                color[s + e] = bucket_color[body_key[i] % buckets]
 
 
 @ti.kernel
 def kernel_scatter_instances(body_key: ti.template(), body_pos: ti.template(), body_quat: ti.template(),
-                             body_half_extents: ti.template(), body_count: ti.i32, key_count: ti.template(),
+                             body_half_extents: ti.template(), body_count: ti.i32, buckets: ti.i32,
+                             key_count: ti.template(),
                              key_cursor: ti.template(), instance_transform: ti.template()):
-    """Counting sort of bodies by key, writing each body's transform T = [R diag(half_extents) | pos] into
-    its slot. key_count (K,) i32 ends holding the bodies per key; instance_transform (capacity,) mat4 f32.
-    The unit meshes (sphere of radius 1, box [-1,1]^3) become the body under T."""
+    """Counting sort of bodies by key, writing each body's transform T = [R diag(s) | pos] into its slot, with s
+    the half extents of a box, (r, half_length, r) of a capsule. key_count (K,) i32 ends holding the bodies per key;
+    instance_transform (capacity,) mat4 f32. The unit meshes (box [-1,1]^3, app.viewer.meshes.unit_cylinder) become
+    the body's box or its capsule's cylinder under T."""
     for k in key_count:
         key_count[k] = 0
     for i in range(body_count):
@@ -94,6 +109,8 @@ def kernel_scatter_instances(body_key: ti.template(), body_pos: ti.template(), b
         slot = ti.atomic_add(key_cursor[body_key[i]], 1)
         R = quat_to_mat(body_quat[i])
         h = body_half_extents[i]
+        if body_key[i] >= SHAPE_CAPSULE * buckets:
+            h[1] -= h[0]   # a capsule's cylinder: its half length
         p = body_pos[i]
         m = ti.Matrix.identity(ti.f32, 4)
         for r in ti.static(range(3)):

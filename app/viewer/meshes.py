@@ -2,7 +2,8 @@
 
 Every mesh is (vertices (V,3) f32, normals (V,3) f32, indices (3T,) i32[, colours (V,3) f32]), with
 triangles wound counter-clockwise seen from outside. Body meshes are unit shapes that an instance
-transform scales by the body's half extents: a sphere of radius 1, a box spanning [-1, 1]^3.
+transform scales: a box spanning [-1, 1]^3 (scaled by the half extents) and a capsule's cylinder of radius 1 from
+y = -1 to 1 (scaled by its radius and half length; its rounded ends are sphere particles).
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ CONTACT_RAMP = np.array([
 ], np.float32)
 
 COLOR_BUCKETS = 16  # colour buckets per shape; >= len(MATERIAL_PALETTE), len(CONTACT_RAMP)
+SHAPE_KINDS = 3     # sphere, box, capsule (app.scene.schema.SHAPES): key = shape * COLOR_BUCKETS + bucket
+CYLINDER_SIDES = 16
 
 
 # Materials whose name contains one of these words get a colour that reads as that material; others take
@@ -95,6 +98,21 @@ def unit_box():
                 normals.append(n)
             idx += [base, base + 1, base + 2, base, base + 2, base + 3]
     return np.asarray(verts, np.float32), np.asarray(normals, np.float32), np.asarray(idx, np.int32)
+
+
+def unit_cylinder(sides: int = CYLINDER_SIDES):
+    """The side of a cylinder of radius 1 about y, from y = -1 to 1, with smooth normals: 2 * sides vertices,
+    2 * sides triangles (no caps: a capsule's ends are spheres drawn over them)."""
+    a = 2.0 * np.pi * np.arange(sides) / sides
+    ring = np.stack([np.cos(a), np.zeros(sides), np.sin(a)], 1)
+    verts = np.concatenate([ring + [0, -1, 0], ring + [0, 1, 0]])
+    normals = np.concatenate([ring, ring])
+    idx = []
+    for k in range(sides):
+        k1 = (k + 1) % sides
+        # counter-clockwise seen from outside (the normal's side)
+        idx += [k, sides + k, k1, k1, sides + k, sides + k1]
+    return verts.astype(np.float32), normals.astype(np.float32), np.asarray(idx, np.int32)
 
 
 def _tangent_basis(normal):

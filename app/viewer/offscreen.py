@@ -24,7 +24,7 @@ class OffscreenView:
 
         self.size = tuple(int(x) for x in size)
         self.window = open_window(WINDOW_TITLE, self.size, show_window=False)
-        self.renderer = Renderer(source, color_mode=color_mode, show_contacts=show_contacts)
+        self.renderer = Renderer(source, aspect=self.size[0] / self.size[1], color_mode=color_mode, show_contacts=show_contacts)
         self.camera = ti.ui.Camera()
         lo, hi = self.renderer.scene_bounds()
         self.camera_spec = camera_spec(scene_camera, lo, hi, self.size[0] / self.size[1])

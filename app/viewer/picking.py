@@ -41,7 +41,8 @@ def quat_to_matrices(q):
 
 def pick(origin, direction, positions, orientations, shape, half_extents):
     """(body, distance along the ray) of the first body the ray hits, or (None, inf). shape: 0 sphere (radius
-    half_extents[:, 0]), 1 box (half extents, in the body frame of `orientations`)."""
+    half_extents[:, 0]), 1 box (half extents, in the body frame of `orientations`), 2 capsule (radius
+    half_extents[:, 0] about its local y axis, half length half_extents[:, 1] - radius)."""
     c = np.asarray(positions, np.float64)
     h = np.asarray(half_extents, np.float64)
     n = len(c)
@@ -53,7 +54,10 @@ def pick(origin, direction, positions, orientations, shape, half_extents):
         disc = b * b - ((oc[sph] ** 2).sum(1) - h[sph, 0] ** 2)
         s = -b - np.sqrt(np.maximum(disc, 0.0))
         hit[np.flatnonzero(sph)] = np.where((disc >= 0) & (s > 0), s, np.inf)
-    box = ~sph
+    cap = np.asarray(shape) == 2
+    if cap.any():
+        hit[np.flatnonzero(cap)] = _ray_capsules(origin, direction, c[cap], np.asarray(orientations)[cap], h[cap])
+    box = ~(sph | cap)
     if box.any():   # slabs in the box's frame
         R = quat_to_matrices(np.asarray(orientations)[box])
         lo = np.einsum("kji,kj->ki", R, oc[box])          # R^T (o - c)
@@ -66,6 +70,34 @@ def pick(origin, direction, positions, orientations, shape, half_extents):
         hit[np.flatnonzero(box)] = np.where((near <= far) & (far > 0), np.maximum(near, 0.0), np.inf)
     k = int(np.argmin(hit)) if n else 0
     return (k, float(hit[k])) if n and np.isfinite(hit[k]) else (None, math.inf)
+
+
+def _ray_spheres(o, d, c, r):
+    """Distance along the unit ray o + s d to each sphere (centres c (K, 3), radii r (K,)), inf where it misses or
+    starts inside."""
+    oc = o[None, :] - c
+    b = oc @ d
+    disc = b * b - ((oc ** 2).sum(1) - r ** 2)
+    s = -b - np.sqrt(np.maximum(disc, 0.0))
+    return np.where((disc >= 0) & (s > 0), s, np.inf)
+
+
+def _ray_capsules(o, d, c, q, h):
+    """Distance along the unit ray o + s d to each capsule (centres c, orientations q, half extents h (K, 3)): the
+    nearest of its side (a cylinder about local y, within the half length) and its two end spheres."""
+    R = quat_to_matrices(q)
+    lo = np.einsum("kji,kj->ki", R, o[None, :] - c)    # R^T (o - c)
+    ld = np.einsum("kji,j->ki", R, d)                   # R^T d
+    r, hl = h[:, 0], h[:, 1] - h[:, 0]
+    a = ld[:, 0] ** 2 + ld[:, 2] ** 2
+    b = lo[:, 0] * ld[:, 0] + lo[:, 2] * ld[:, 2]
+    disc = b * b - a * (lo[:, 0] ** 2 + lo[:, 2] ** 2 - r * r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = (-b - np.sqrt(np.maximum(disc, 0.0))) / a
+    y = lo[:, 1] + s * ld[:, 1]
+    side = np.where((a > 1e-12) & (disc >= 0) & (s > 0) & (np.abs(y) <= hl), s, np.inf)
+    axis = np.einsum("kij,j->ki", R, [0.0, 1.0, 0.0]) * hl[:, None]
+    return np.minimum(side, np.minimum(_ray_spheres(o, d, c + axis, r), _ray_spheres(o, d, c - axis, r)))
 
 
 def drag_force(mass, grab_point, grab_velocity, target, gravity):

@@ -2,7 +2,7 @@
 offscreen recorder, replay and the benchmark.
 
     source = SimSource(sim)                  # or PoseSource(...) for replay / state.npz
-    renderer = Renderer(source)
+    renderer = Renderer(source, aspect=width / height)
     renderer.update()                        # device kernels: instance transforms (+ contact glyphs)
     renderer.draw(window.get_scene(), camera)
     canvas.scene(scene)
@@ -19,6 +19,7 @@ import math
 import numpy as np
 import taichi as ti
 
+from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE
 from app.viewer import kernels as rk
 from app.viewer.display import COLOR_MODES
 from app.viewer import meshes as rm
@@ -265,13 +266,18 @@ class Renderer:
     """Owns the viewer's device data (meshes, instance transforms, contact glyphs, static geometry) for one
     source and draws it.
 
-    color_mode: 'material' | 'contacts'. show_contacts: draw contact points and normals (live sims only).
+    aspect: width / height of the image it draws into. color_mode: 'material' | 'contacts'. show_contacts: draw
+    contact points and normals (live sims only).
     """
 
     GLYPH_CAPACITY_MAX = 1 << 20
 
-    def __init__(self, source, color_mode="material", show_contacts=False):
+    def __init__(self, source, aspect, color_mode="material", show_contacts=False):
         self.source = source
+        # GGUI's particle shader (Taichi 1.7.4, Particles_vk.vert) sizes a particle's quad r / (tan(fov/2) d) across
+        # and that times the aspect ratio up, where r / (tan(fov/2) d aspect) and r / (tan(fov/2) d) would be its
+        # projection: every particle comes out `aspect` times its radius. The radii it is given are divided by it.
+        self.particle_scale = 1.0 / float(aspect)
         self.color_mode = color_mode
         self.show_contacts = show_contacts
         self._generation = None
@@ -287,12 +293,12 @@ class Renderer:
 
     # ------------------------------------------------------------------ setup
     def _build_body_meshes(self):
-        # (spheres are particles: no mesh; the box mesh is made once)
-        if getattr(self, "box_vertices", None) is not None:
+        # (spheres are particles: no mesh; the box and cylinder meshes are made once)
+        if getattr(self, "body_meshes", None) is not None:
             return
-        v, n, i = rm.unit_box()
-        self.box_vertices, self.box_normals, self.box_indices = _field_from(v, 3), _field_from(n, 3), \
-            _field_from(i, dtype=ti.i32)
+        self.body_meshes = {}
+        for shape, (v, n, i) in ((SHAPE_BOX, rm.unit_box()), (SHAPE_CAPSULE, rm.unit_cylinder())):
+            self.body_meshes[shape] = (_field_from(v, 3), _field_from(n, 3), _field_from(i, dtype=ti.i32))
 
     def _sync_capacity(self):
         """(Re)allocate per-body fields when the source's fields were reallocated or grew."""
@@ -304,7 +310,7 @@ class Renderer:
             self._capacity = cap
             self.instance_transform = ti.Matrix.field(4, 4, ti.f32, cap)
             self.body_key = ti.field(ti.i32, cap)
-            k = 2 * rm.COLOR_BUCKETS
+            k = rm.SHAPE_KINDS * rm.COLOR_BUCKETS
             self.key_count = ti.field(ti.i32, k)
             self.key_cursor = ti.field(ti.i32, k)
             gcap = int(min(self.GLYPH_CAPACITY_MAX, max(1024, 8 * cap)))
@@ -398,7 +404,7 @@ class Renderer:
         self._sync_capacity()
         n = src.body_count
         if n == 0:
-            self._host_counts = np.zeros(2 * rm.COLOR_BUCKETS, np.int32)
+            self._host_counts = np.zeros(rm.SHAPE_KINDS * rm.COLOR_BUCKETS, np.int32)
             return
         lists = src.contact_lists() if self.color_mode == "contacts" else None
         sleep = src.live_fields() if self.color_mode == "sleep" else None
@@ -416,12 +422,12 @@ class Renderer:
         elif self._keys_dirty:
             rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
         rk.kernel_scatter_instances(self.body_key, src.body_pos, src.body_quat, src.body_half_extents, n,
-                                    self.key_count, self.key_cursor, self.instance_transform)
+                                    rm.COLOR_BUCKETS, self.key_count, self.key_cursor, self.instance_transform)
         if self._bucket_colors_for != self.color_mode:
             self.bucket_color.from_numpy(rm.bucket_colors(self.color_mode, getattr(src, "material_names", None)))
             self._bucket_colors_for = self.color_mode
-        rk.kernel_sphere_particles(self.body_key, src.body_shape, src.body_pos, src.body_half_extents, n,
-                                   self.bucket_color, rm.COLOR_BUCKETS, self.sphere_count, self.sphere_center,
+        rk.kernel_sphere_particles(self.body_key, src.body_shape, src.body_pos, src.body_quat, src.body_half_extents, n,
+                                   self.particle_scale, self.bucket_color, rm.COLOR_BUCKETS, self.sphere_count, self.sphere_center,
                                    self.sphere_radius, self.sphere_color)
         if per_frame or self._keys_dirty or self._host_counts is None:
             self._host_counts = self.key_count.to_numpy()
@@ -452,18 +458,19 @@ class Renderer:
         counts = self._host_counts
         if counts is not None:
             colors = rm.bucket_colors(self.color_mode, getattr(self.source, "material_names", None))
-            # spheres: one particle draw (keys 0 .. COLOR_BUCKETS - 1 are the spheres)
-            spheres = int(counts[:rm.COLOR_BUCKETS].sum())
-            if spheres:
+            # spheres and the capsules' ends: one particle draw (keys 0 .. COLOR_BUCKETS - 1 are the spheres)
+            B = rm.COLOR_BUCKETS
+            spheres = int(counts[:B].sum())
+            particles = spheres + 2 * int(counts[SHAPE_CAPSULE * B:(SHAPE_CAPSULE + 1) * B].sum())
+            if particles:
                 scene.particles(self.sphere_center, radius=1.0, per_vertex_color=self.sphere_color,
-                                per_vertex_radius=self.sphere_radius, index_count=spheres)
+                                per_vertex_radius=self.sphere_radius, index_count=particles)
             offset = spheres
-            for key in range(rm.COLOR_BUCKETS, len(counts)):
+            for key in range(B, len(counts)):
                 cnt = int(counts[key])
                 if cnt:
-                    bucket = key - rm.COLOR_BUCKETS
-                    scene.mesh_instance(self.box_vertices, indices=self.box_indices, normals=self.box_normals,
-                                        color=tuple(float(x) for x in colors[bucket]),
+                    v, n, i = self.body_meshes[key // B]
+                    scene.mesh_instance(v, indices=i, normals=n, color=tuple(float(x) for x in colors[key % B]),
                                         transforms=self.instance_transform, instance_offset=offset,
                                         instance_count=cnt)
                 offset += cnt

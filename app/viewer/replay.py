@@ -15,6 +15,7 @@ import numpy as np
 
 from app.errors import UserError, raise_if_signalled
 from app.files import read_json_object, write_named_atomic
+from app.scene.schema import SHAPES
 from app.viewer.display import (DEFAULT_SIZE, OFFSCREEN_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, ensure_taichi,
                                 close_window, has_display, open_window, parse_size, save_png, vulkan_problem)
 from app.viewer.offscreen import OffscreenView, VideoWriter
@@ -125,8 +126,10 @@ def load_out_dir(out_dir):
     st = _load_npz(state_path, STATE_ARRAYS, dims, "state.npz")
     if dims["N"] == 0:
         raise UserError(f"{state_path}: no bodies")
-    if not np.isin(st["shape"], (0, 1)).all() or (st["material"] < 0).any() or (st["half_extents"] < 0).any():
-        raise UserError(f"{state_path}: shape must be 0 (sphere) or 1 (box), material >= 0, half_extents >= 0")
+    if not np.isin(st["shape"], list(SHAPES.values())).all() or (st["material"] < 0).any() or \
+            (st["half_extents"] < 0).any():
+        raise UserError(f"{state_path}: shape must be one of " + ", ".join(f"{v} ({k})" for k, v in SHAPES.items())
+                        + "; material >= 0, half_extents >= 0")
     shapes = {k: st[k] for k in ("shape", "half_extents", "material")}
     final = (st["position"], st["orientation"])
     traj = None
@@ -253,7 +256,7 @@ class ReplayViewer:
         last = len(times) - 1
         window = open_window(f"{WINDOW_TITLE} - replay", self.size, show_window=True)
         try:
-            renderer = Renderer(self.source)
+            renderer = Renderer(self.source, aspect=self.size[0] / self.size[1])
             camera = ti.ui.Camera()
             lo, hi = renderer.scene_bounds()
             apply_camera(camera, camera_spec(self.scene_camera, lo, hi, self.size[0] / self.size[1]), renderer.extent)

@@ -501,3 +501,82 @@ def test_newtons_cradle_passes_the_impact_along_the_row(sim, gap):
     assert v[4] >= CRADLE_LAST_MIN * v0, v
     assert np.abs(v[:4]).max() <= CRADLE_REST_MAX * v0, v
     assert 0.5 * (m * v ** 2).sum() >= CRADLE_ENERGY_MIN * 0.5 * m[0] * v0 ** 2, v
+
+
+HEAVY_SINK_MAX_M = 5e-3    # how far the heavy top box may sink into the stack below it
+HEAVY_REST_SPEED = 1e-3    # m/s, every body by HEAVY_REST_S
+HEAVY_REST_S = 3.0
+
+
+@pytest.mark.parametrize("sleep_speed", [0.05, 0.0])
+def test_a_heavy_box_on_light_ones_holds(sim, sleep_speed):
+    """Three stacked 0.5 m boxes, the top one 100 times as dense as the two below, at the default dt and 10
+    iterations: it sinks less than HEAVY_SINK_MAX_M. With sleeping (the default) every body rests by HEAVY_REST_S;
+    without, the solver alone holds the stack within the same sinking."""
+    h = 0.25
+    mats = {"light": {"density": 10, "friction": 0.6, "restitution": 0.0},
+            "heavy": {"density": 1000, "friction": 0.6, "restitution": 0.0}}
+    boxes = [_box([h, h, h], [0, h + 2 * h * k, 0], mat="heavy" if k == 2 else "light") for k in range(3)]
+    floor = [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "light"}]
+    sim.load(scene_from_dict(_scene(boxes, statics=floor, materials=mats, sleep_speed=sleep_speed)))
+    y0 = sim.positions()[2, 1]
+    sinks = []
+    for _ in range(30):
+        _run(sim, HEAVY_REST_S / 30)
+        sinks.append(y0 - sim.positions()[2, 1])
+    assert max(sinks) < HEAVY_SINK_MAX_M, sinks
+    if sleep_speed > 0:
+        assert np.abs(sim.velocities()).max() < HEAVY_REST_SPEED
+
+
+# Rolling capsule: a = g sin(theta) / (1 + I_axis / (m r^2)) along the slope. The discrete integrator and the
+# contacts' slop leave the distance short by O(dt) of it: 1 s from rest at 15 degrees covers about 0.9 m; 1% is 9 mm.
+ROLL_REL_TOL = 0.01
+# A capsule lying on a floor rests on both ends of its segment: height within the resting penetration (1% of the
+# radius), still (below the sleep speed's 1e-3 m/s of the heavy-stack test) and level (its axis within 1e-3 rad).
+CAPSULE_LEVEL_TOL = 1e-3
+
+
+def _capsule(r, hl, pos, axis="y", mat="m", **kw):
+    return {"shape": "capsule", "radius": r, "half_length": hl, "axis": axis, "position": list(pos), "material": mat,
+            **kw}
+
+
+def test_a_capsule_rolls_down_an_incline_as_its_inertia_says(sim):
+    th = math.radians(15.0)
+    n = [math.sin(th), math.cos(th), 0.0]   # the surface descends towards +x
+    r, hl = 0.1, 0.2
+    mats = {"m": {"density": 1000, "friction": 0.8, "restitution": 0.0}}
+    ramp = {"type": "plane", "normal": n, "offset": 0.0, "material": "m"}
+    sim.load(scene_from_dict(_scene([_capsule(r, hl, [n[0] * r, n[1] * r, 0.0], axis="z")], [ramp],
+                                    materials=mats, sleep_speed=0.0)))
+    m_cyl = math.pi * r * r * 2 * hl
+    m_ball = 4.0 / 3.0 * math.pi * r ** 3
+    inertia_axis = m_cyl * r * r / 2 + m_ball * 0.4 * r * r   # (density cancels)
+    a = G * math.sin(th) / (1.0 + inertia_axis / ((m_cyl + m_ball) * r * r))
+    x0 = sim.positions()[0].copy()
+    seconds = 1.0
+    _run(sim, seconds)
+    down = np.array([math.cos(th), -math.sin(th), 0.0])
+    travelled = float((sim.positions()[0] - x0) @ down)
+    expected = 0.5 * a * seconds ** 2
+    assert abs(travelled - expected) <= ROLL_REL_TOL * expected, (travelled, expected)
+    # rolling, not sliding: the contact line does not slip (v = w r about the axis)
+    v = float(sim.velocities()[0] @ down)
+    assert abs(abs(sim.angular_velocities()[0, 2]) * r - v) < 0.01 * v, (sim.angular_velocities()[0], v)
+
+
+def test_capsules_rest_lying_on_a_floor_on_a_box_and_standing(sim):
+    r, hl = 0.1, 0.3
+    sim.load(scene_from_dict(_scene([_capsule(r, hl, [0, r + 0.05, 0], axis="x"),
+                                     _box([0.4, 0.1, 0.4], [2, 0.1, 0]),
+                                     _capsule(r, hl, [2, 0.2 + r + 0.05, 0], axis="z"),
+                                     _capsule(r, hl, [-2, hl + r + 0.05, 0], axis="y")], [FLOOR], sleep_speed=0.0)))
+    _run(sim, 2.0)
+    p = sim.positions()
+    assert np.abs(p[[0, 2, 3], 1] - [r, 0.2 + r, hl + r]).max() < REST_PENETRATION_FRACTION * r, p
+    assert np.abs(sim.velocities()).max() < HEAVY_REST_SPEED, sim.velocities()
+    for k, axis in zip((0, 2, 3), np.eye(3)[[0, 2, 1]]):
+        w, x, y, z = sim.orientations()[k]
+        local_y = np.array([2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)])
+        assert np.linalg.norm(np.cross(local_y, axis)) < CAPSULE_LEVEL_TOL, (k, local_y)

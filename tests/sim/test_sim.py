@@ -13,7 +13,7 @@ import pytest
 
 ti = pytest.importorskip("taichi")
 
-from app.sim.contacts import SECOND_COPY  # noqa: E402
+from app.sim.contacts import COUNT_SHIFT, FEATURE_KEY_MASK, RANK_SHIFT, SECOND_COPY  # noqa: E402
 from app.sim.contacts import NO_FAILURE  # noqa: E402
 from app.sim.diagnostics import NO_ERROR, NO_PAIR, PAIR_STRIDE  # noqa: E402
 from app.errors import UserError  # noqa: E402
@@ -173,7 +173,7 @@ def test_contact_geometry_by_hand(sim):
     assert values["normal_code"][a][0] == values["normal_code"][b][0]
     c = slice(offsets[base + s2], offsets[base + s2 + 1])
     assert values["depth"][c].tolist() == pytest.approx([0.01] * 4, abs=1e-6), values["depth"][c]
-    assert sorted(values["feature"][c].tolist()) == [0, 1, 4, 5]  # the 4 bottom corners (y bit clear)
+    assert sorted((values["feature"][c] & FEATURE_KEY_MASK).tolist()) == [0, 1, 4, 5]  # 4 bottom corners (y bit clear)
     assert (values["other"][c] == -1).all()
 
 
@@ -528,6 +528,19 @@ def _check_bounce(m, st, tr):
         assert abs(peak - e * e) <= 0.03 and peak - e * e <= 0.02, (e, peak)
 
 
+def _check_capsules(m, st, tr):
+    p = st["position"]
+    pile = p[:2000]
+    assert (np.abs(pile[:, [0, 2]]) < 2.5 + 1e-3).all(), "the poured bodies stay inside the 5 x 5 m container walls"
+    assert p[:, 1].min() > -1e-3 and m["contacts"]["final"] > 100 and m["overflow_total"] == 0
+    # the pyramid of capsule logs (6 levels, radius 0.1 m, between two chocks) settles into its grooves: level k
+    # rests at r + k sqrt(3) r (it starts with the levels 2r apart), every log where it started across
+    logs = tr["position"][:, 2000:2021]
+    level = np.repeat(np.arange(6), np.arange(6, 0, -1))
+    assert np.abs(logs[-1, :, 0] - logs[0, :, 0]).max() < 0.01
+    assert np.abs(logs[-1, :, 1] - (0.1 + level * np.sqrt(3) * 0.1)).max() < 0.01, logs[-1, :, 1]
+
+
 def _check_pile(m, st, tr):
     p = st["position"]
     assert np.isfinite(p).all() and m["overflow_total"] == 0
@@ -571,6 +584,10 @@ SCENE_RUNS = {
     "many_pyramids": (30, ("bodies.0.copies=[2, 2]",), _check_pyramid),
     "pile_100k": (20, ("bodies.0.count=3000", "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                        "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
+    "capsules": (40, (), _check_capsules),
+    "capsule_pile_100k": (20, ("bodies.0.count=1000", "bodies.1.count=2000", "static.0.size=[3, 4, 3]",
+                               "bodies.0.min=[-1.45, 0.1, -1.45]", "bodies.0.max=[1.45, 4, 1.45]",
+                               "bodies.1.min=[-1.45, 4.2, -1.45]", "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),
     "pile_1m": (20, ("bodies.0.count=3000", "static.0.size=[3, 6, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                      "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
 }
@@ -1094,10 +1111,10 @@ def test_steps_checked_later_are_redone_from_the_failed_one_to_the_same_bits(sim
 
 
 def test_solver_motion_does_not_depend_on_list_order(sim):
-    # Threads append contacts in whatever order they race; the solver sums each list in fixed point
-    # (app.sim.solver.FIXED_ONE) and finds warm-start partners by key, so one step from the same state and the
-    # same contacts, with every list's records (both generations) in another order, must give bit-identical
-    # velocities and poses.
+    # Threads append their pairs' contacts in whatever order they race (each pair's points together, in feature
+    # order); the solver sums each list in fixed point (app.sim.solver.FIXED_ONE) and finds warm-start partners by
+    # key, so one step from the same state and the same contacts, with every list's pairs (both generations) in
+    # another order, must give bit-identical velocities and poses.
     from app.sim.narrowphase import find_contacts
 
     sim.load(_small_pile("vla"))
@@ -1124,10 +1141,15 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
     rng = np.random.default_rng(3)
     perm = np.arange(int(offsets[-1]))
     permuted = 0
+    count = ((values["feature"] >> COUNT_SHIFT) & 3) + 1
     for i in range(lists.num_arrays):
         a, b = int(offsets[i]), int(offsets[i + 1])
-        if b - a > 1:
-            perm[a:b] = a + rng.permutation(b - a)[::-1]
+        starts = [a]
+        while starts[-1] < b:
+            starts.append(starts[-1] + int(count[starts[-1]]))
+        if len(starts) > 2:
+            blocks = [np.arange(starts[k], starts[k + 1]) for k in range(len(starts) - 1)]
+            perm[a:b] = np.concatenate([blocks[k] for k in rng.permutation(len(blocks))[::-1]])
             permuted += int((perm[a:b] != np.arange(a, b)).any())
     assert permuted > sim.body_count // 2, "the pile must have many lists of several contacts"
     lists.from_csr(offsets, {name: arr[perm] for name, arr in values.items()})
@@ -1166,9 +1188,11 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
         a, b = int(offsets[c.prev_base + i]), int(offsets[c.prev_base + i + 1])
         last = {}
         for q in range(a, b):
-            last.setdefault((int(prev["other"][q]), int(prev["feature"][q])), (q - a, float(prev["impulse_n"][q])))
+            # (last step's records carry the solver's pair links: the key is the rest)
+            key = (int(prev["other"][q]), int(prev["feature"][q]) & FEATURE_KEY_MASK)
+            last.setdefault(key, (q - a, float(prev["impulse_n"][q])))
         for r in range(int(offsets[c.base + i]), int(offsets[c.base + i + 1])):
-            q, jn = last.get((int(cur["other"][r]), int(cur["feature"][r])), (-1, 0.0))
+            q, jn = last.get((int(cur["other"][r]), int(cur["feature"][r]) & FEATURE_KEY_MASK), (-1, 0.0))
             assert cur["impulse_n"][r] == np.float32(warm * jn), (i, r)
             # friction: last step's impulse back in 3-D from its own tangents, its in-plane part now,
             # in this record's tangents (float64 reference; the kernel rounds in f32)
@@ -1184,6 +1208,39 @@ def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_
             checked_beyond_8 += q >= 8
     assert checked_beyond_8 > 0, "no warm-start partner sat past the 8th record: the test needs longer lists"
     assert (cur["impulse_n"] > 0).sum() > sim.body_count  # many contacts were warm-started
+    sim.load(_small_pile("vla"))
+
+
+def test_a_pairs_points_sit_together_in_feature_order_in_both_lists(sim):
+    # The narrowphase puts a pair's points in consecutive slots of each of its two lists (the solver walks them in
+    # order), ordered by feature id, each marked with its rank and the pair's count. Reference: plain Python over
+    # every list; the block's boxes touch their neighbours and the floor with up to 4 points each.
+    block = {"generate": "grid", "shape": "box", "half_extents": [0.05, 0.05, 0.05], "count": [3, 2, 3],
+             "origin": [-0.1, 0.05, -0.1], "spacing": 0.1, "material": "a"}
+    pile = _small_pile("vla")
+    sim.load(scene_from_dict({**pile.raw, "bodies": pile.raw["bodies"] + [block]}))
+    for _ in range(50):
+        sim.step()
+    offsets, cur = sim.contacts.lists.to_csr()
+    several = 0
+    for i in range(sim.body_count):
+        a, b = int(offsets[sim.contacts.base + i]), int(offsets[sim.contacts.base + i + 1])
+        other = cur["other"][a:b].astype(int)
+        feature = cur["feature"][a:b].astype(int)
+        key = feature & FEATURE_KEY_MASK
+        rank = (feature >> RANK_SHIFT) & 3
+        count = ((feature >> COUNT_SHIFT) & 3) + 1
+        k = 0
+        while k < b - a:
+            c = int(count[k])
+            assert rank[k] == 0, (i, k)
+            run = slice(k, k + c)
+            assert (other[run] == other[k]).all() and (count[run] == c).all(), (i, k)
+            assert rank[run].tolist() == list(range(c)) and (np.diff(key[run]) > 0).all(), (i, k)
+            assert (other == other[k]).sum() == c, (i, k)   # and no other record of that pair elsewhere
+            several += c > 1
+            k += c
+    assert several > 50, several
     sim.load(_small_pile("vla"))
 
 
