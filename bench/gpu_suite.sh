@@ -15,6 +15,8 @@ timeout 90 python -m bench.dev.dynamic_pool 2>&1 | tail -1
 echo "== bench sim"
 timeout 400 python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --storages vla,padded,dynamic --out "$out/sim_pile_1m" 2>&1 | tail -8
 timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes pile_100k --storages vla,padded --out "$out/sim_pile_100k" 2>&1 | tail -8
+timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes capsule_pile_100k --storages vla \
+    --out "$out/sim_capsule_pile_100k" 2>&1 | tail -6
 timeout 300 python run.py bench sim --arch cuda --scenes boulders --storages "vla,vla+sim.large_body_factor=0" --repeats 3 --out "$out/sim_boulders" 2>&1 | tail -8
 echo "== solver fidelity: the Box3D suite scenes (a warm-up keeps kernel compilation out of the timed steps), pile_1m settling"
 timeout 200 python run.py bench sim --arch cuda --steps 10000 --warmup 20 --scenes pyramid_100 \

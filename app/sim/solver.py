@@ -277,10 +277,9 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
             pvj_l = pv
             pwj_l = pw
             for k in range(n_i):
-                q = k
-                if down:   # the pair's points in reverse: the record at k tells where its pair starts and ends
-                    rank_k, count_k = pair_place(lists.get_member(li, k, "feature"))
-                    q = ti.min(k + count_k - 1 - 2 * rank_k, n_i - 1)
+                # backwards: the whole list from its end, which walks each pair's points in reverse (the order of
+                # the pairs does not matter: each starts from the bodies' velocities, and the sums are exact)
+                q = ti.select(down, n_i - 1 - k, k)
                 rec = lists.get(li, q)
                 j = rec.other
                 rank, count = pair_place(rec.feature)
