@@ -112,7 +112,7 @@ class SimSource:
 class PoseSource:
     """Bodies whose poses come from the host: a recorded trajectory (replay) or a state.npz. Owns its fields.
 
-    shapes: dict with shape (N,) 0 sphere / 1 box, half_extents (N,3) m, material (N,) (as in state.npz).
+    shapes: dict with shape (N,) (app.scene.schema.SHAPES), half_extents (N,3) m, material (N,) (as in state.npz).
     statics: the scene's static list (may be empty). material_names: for colours (optional)."""
 
     def __init__(self, shapes: dict, statics=(), material_names=None):
@@ -317,9 +317,10 @@ class Renderer:
             self.glyph_point = ti.Vector.field(3, ti.f32, gcap)
             self.glyph_line = ti.Vector.field(3, ti.f32, 2 * gcap)
             self.glyph_count = ti.field(ti.i32, ())
-            self.sphere_center = ti.Vector.field(3, ti.f32, cap)
-            self.sphere_radius = ti.field(ti.f32, cap)
-            self.sphere_color = ti.Vector.field(3, ti.f32, cap)
+            particles = 2 * cap   # a sphere takes one, a capsule two (its ends)
+            self.sphere_center = ti.Vector.field(3, ti.f32, particles)
+            self.sphere_radius = ti.field(ti.f32, particles)
+            self.sphere_color = ti.Vector.field(3, ti.f32, particles)
             self.sphere_count = ti.field(ti.i32, ())
             self.bucket_color = ti.Vector.field(3, ti.f32, rm.COLOR_BUCKETS)
             self.pick_point = ti.Vector.field(3, ti.f32, PICK_GLYPHS)
@@ -426,9 +427,9 @@ class Renderer:
         if self._bucket_colors_for != self.color_mode:
             self.bucket_color.from_numpy(rm.bucket_colors(self.color_mode, getattr(src, "material_names", None)))
             self._bucket_colors_for = self.color_mode
-        rk.kernel_sphere_particles(self.body_key, src.body_shape, src.body_pos, src.body_quat, src.body_half_extents, n,
-                                   self.particle_scale, self.bucket_color, rm.COLOR_BUCKETS, self.sphere_count, self.sphere_center,
-                                   self.sphere_radius, self.sphere_color)
+        rk.kernel_sphere_particles(self.body_key, src.body_shape, src.body_pos, src.body_quat, src.body_half_extents,
+                                   n, self.particle_scale, self.bucket_color, rm.COLOR_BUCKETS, self.sphere_count,
+                                   self.sphere_center, self.sphere_radius, self.sphere_color)
         if per_frame or self._keys_dirty or self._host_counts is None:
             self._host_counts = self.key_count.to_numpy()
             self._keys_dirty = per_frame

@@ -162,6 +162,37 @@ def test_colour_buckets_and_statics(ti_cpu):
     assert r.static_lines is not None and len(r.static_meshes) == 2   # container floor + ground around it
 
 
+@needs_vulkan
+def test_capsules_are_two_end_particles_and_a_cylinder(ti_cpu):
+    """A recording of capsules only (the source's capacity = its bodies): each capsule's two end particles at
+    centre -+ half_length along its turned y axis, with its radius divided by the aspect (GGUI draws a particle the
+    aspect times its radius), and its cylinder's transform scaled by (r, half_length, r); a sphere one particle."""
+    from app.viewer.render import PoseSource, Renderer
+
+    r_cap, hl = 0.1, 0.3
+    half = np.array([[r_cap, hl + r_cap, r_cap]] * 3 + [[0.2, 0.2, 0.2]], np.float32)
+    src = PoseSource({"shape": np.array([2, 2, 2, 0], np.int32), "half_extents": half,
+                      "material": np.zeros(4, np.int32)})
+    c = np.sqrt(0.5)
+    quat = np.array([[1, 0, 0, 0], [c, 0, 0, -c], [c, c, 0, 0], [1, 0, 0, 0]], np.float64)   # y, x, z
+    pos = np.array([[0, 1, 0], [2, 1, 0], [4, 1, 0], [6, 1, 0]], np.float64)
+    src.set_poses(pos, quat)
+    aspect = 16 / 9
+    r = Renderer(src, aspect=aspect)
+    r.update()
+    n = int(r.sphere_count[None])
+    assert n == 7
+    centre = r.sphere_center.to_numpy()[:n]
+    radius = r.sphere_radius.to_numpy()[:n]
+    want = [tuple(pos[k] + sgn * hl * ax) for k, ax in enumerate(np.eye(3)[[1, 0, 2]]) for sgn in (-1, 1)]
+    want.append(tuple(pos[3]))
+    assert sorted(map(tuple, np.round(centre.astype(np.float64), 5))) == sorted(map(tuple, np.round(np.array(want), 5)))
+    np.testing.assert_allclose(sorted(radius), sorted([r_cap / aspect] * 6 + [0.2 / aspect]), rtol=1e-6)
+    t = r.instance_transform.to_numpy()[1:4]   # (slot 0: the sphere; the capsules' cylinders after it)
+    np.testing.assert_allclose(sorted(np.linalg.norm(t[:, :3, :3], axis=1).ravel()),
+                               sorted([r_cap, hl, r_cap] * 3), rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def tiny_sim(ti_cpu):
     """One simulation for the module (kernels compile once). Capacity 32, the default for the 29-body scene,
