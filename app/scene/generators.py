@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.scene.schema import (CAPSULE_AXES, GEN_KEYS, SHAPE_BOX, SHAPE_CAPSULE, SHAPE_SPHERE, SHAPES, bool_ as _bool, material as _material,
+from app.scene.schema import (CAPSULE_AXES, GEN_KEYS, SHAPE_BOX, SHAPE_CAPSULE, SHAPE_SPHERE, SHAPES, quat_matrices,
+                              bool_ as _bool, material as _material,
                               num as _num, str_ as _str, vec as _vec, check_keys as _check_keys)
 
 
@@ -13,11 +14,13 @@ class Bodies:
 
     def __init__(self):
         self.rows = {k: [] for k in ("shape", "radius", "half_extents", "position", "orientation", "velocity",
-                                     "angular_velocity", "material", "fixed")}
+                                     "angular_velocity", "material", "fixed", "kinematic", "pivot")}
         self.blocks = []
 
-    def add(self, shape, radius, half, pos, quat, vel, omega, mat, fixed):
+    def add(self, shape, radius, half, pos, quat, vel, omega, mat, fixed, kinematic=False, pivot=None):
         r = self.rows
+        r["kinematic"].append(kinematic)
+        r["pivot"].append(pos if pivot is None else pivot)
         r["shape"].append(shape)
         r["radius"].append(radius)
         r["half_extents"].append(half)
@@ -33,10 +36,10 @@ class Bodies:
         self._flush()
         self.blocks.append({"shape": shape, "radius": radius, "half_extents": half, "position": pos,
                             "orientation": quat, "velocity": vel, "angular_velocity": omega, "material": mat,
-                            "fixed": fixed})
+                            "fixed": fixed, "kinematic": np.zeros(len(shape), bool), "pivot": pos})
 
-    _WIDTH = {"half_extents": 3, "position": 3, "orientation": 4, "velocity": 3, "angular_velocity": 3}
-    _DTYPE = {"shape": np.int32, "material": np.int32, "fixed": bool}
+    _WIDTH = {"half_extents": 3, "position": 3, "orientation": 4, "velocity": 3, "angular_velocity": 3, "pivot": 3}
+    _DTYPE = {"shape": np.int32, "material": np.int32, "fixed": bool, "kinematic": bool}
 
     def _flush(self):
         r = self.rows
@@ -110,11 +113,7 @@ def quat_mul(a, b):
 
 def _rotated_extent(half, q):
     """Half size (m) along world x, y, z of the box `half` turned by the quaternion q (w, x, y, z)."""
-    w, x, y, z = q
-    R = np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                  [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                  [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
-    return np.abs(R) @ np.asarray(half, np.float64)
+    return np.abs(quat_matrices(q)[0]) @ np.asarray(half, np.float64)
 
 
 def expand_generator(ctx, key, g, acc, material_index, rng):

@@ -25,7 +25,7 @@ from app.errors import UserError
 from app.scene import yamlio
 from app.scene.generators import Bodies, expand_generator, quat_mul, shape_size
 from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
-                              Ctx, Scene, body_mass_properties, bool_ as _bool, check_keys as _check_keys, limit,
+                              Ctx, Scene, body_mass_properties, bodies_pinned, bool_ as _bool, check_keys as _check_keys, limit,
                               mapping as _mapping, material as _material, num as _num, quat as _quat, str_ as _str,
                               vec as _vec)
 
@@ -190,12 +190,23 @@ def validate(data: dict, path="<dict>") -> Scene:
             _check_keys(ctx, key, b, BODY_KEYS, required=("shape", "position", "material"))
             ctx.take_bodies(key, 1)
             shape, r, h, axis = shape_size(ctx, key, b)
-            acc.add(shape, r, h, _vec(ctx, f"{key}.position", b["position"]),
+            pos = _vec(ctx, f"{key}.position", b["position"])
+            vel = _vec(ctx, f"{key}.velocity", b.get("velocity", [0, 0, 0]))
+            omega = _vec(ctx, f"{key}.angular_velocity", b.get("angular_velocity", [0, 0, 0]))
+            fixed = _bool(ctx, f"{key}.fixed", b.get("fixed", False))
+            kinematic = _bool(ctx, f"{key}.kinematic", b.get("kinematic", False))
+            if fixed and kinematic:
+                ctx.fail(f"{key}.kinematic", "not both fixed and kinematic (a kinematic body moves as its velocity "
+                                             "says; a fixed one stays)", have_got=False)
+            if "pivot" in b and not kinematic:
+                ctx.fail(f"{key}.pivot", "a pivot only on a kinematic body (kinematic: true)", have_got=False)
+            pivot = _vec(ctx, f"{key}.pivot", b.get("pivot", pos))
+            if kinematic:   # the row holds the centre's velocity; `velocity` is the pivot's
+                vel = (np.asarray(vel) + np.cross(omega, np.asarray(pos) - np.asarray(pivot))).tolist()
+            acc.add(shape, r, h, pos,
                     quat_mul(_quat(ctx, f"{key}.orientation", b.get("orientation", [1, 0, 0, 0])), axis),
-                    _vec(ctx, f"{key}.velocity", b.get("velocity", [0, 0, 0])),
-                    _vec(ctx, f"{key}.angular_velocity", b.get("angular_velocity", [0, 0, 0])),
-                    material_index[_material(ctx, f"{key}.material", b["material"], names)],
-                    _bool(ctx, f"{key}.fixed", b.get("fixed", False)))
+                    vel, omega, material_index[_material(ctx, f"{key}.material", b["material"], names)], fixed,
+                    kinematic=kinematic, pivot=pivot)
     bodies = acc.arrays()
     if bodies["shape"].shape[0] == 0:
         ctx.fail("bodies", "at least one body", bodies_raw)
@@ -221,7 +232,7 @@ def _check_mass(ctx, bodies, materials, ends):
     mass, _, _, inertia = body_mass_properties(bodies, materials)
     low, high = MASS_RANGE
     with np.errstate(invalid="ignore"):
-        bad = ~bodies["fixed"] & ~(((mass >= low) & (mass <= high)) & ((inertia >= low) & (inertia <= high)).all(1))
+        bad = ~bodies_pinned(bodies) & ~(((mass >= low) & (mass <= high)) & ((inertia >= low) & (inertia <= high)).all(1))
     if bad.any():
         i = int(np.argmax(bad))
         k = int(np.searchsorted(ends, i, side="right"))

@@ -53,7 +53,7 @@ MATERIAL_KEYS = {"density": 1000.0, "friction": 0.5, "restitution": 0.1}
 
 TOP_KEYS = {"name", "description", "sim", "materials", "static", "bodies", "camera"}
 BODY_KEYS = {"shape", "radius", "half_extents", "half_length", "axis", "position", "velocity", "angular_velocity",
-             "orientation", "material", "fixed"}
+             "orientation", "material", "fixed", "kinematic", "pivot"}
 GEN_COMMON = {"generate", "shape", "radius", "half_extents", "half_length", "axis", "material", "velocity",
               "angular_velocity", "fixed"}
 GEN_KEYS = {
@@ -154,7 +154,10 @@ class Scene:
         bodies: dict of numpy arrays, one row per body in scene order: shape (N,) int32 (SHAPES), radius (N,)
             m (a sphere's or a capsule's radius; a box's bounding radius), half_extents (N,3) m (the local
             bounding box: a box's half extents, (r, r, r) for a sphere, (r, half_length + r, r) for a capsule), position (N,3) m, orientation (N,4) w,x,y,z, velocity (N,3) m/s,
-            angular_velocity (N,3) rad/s, material (N,) int32, fixed (N,) bool.
+            angular_velocity (N,3) rad/s, material (N,) int32, fixed (N,) bool, kinematic (N,) bool (it moves as
+            its velocity and angular velocity say, rigidly about its pivot, whatever touches it), pivot (N,3) m
+            (the point its angular velocity turns it about, at the start; its position if none was given). A
+            kinematic body's velocity row is its centre's: the pivot's velocity + w x (position - pivot).
         camera: dict or None.
         raw: the validated mapping (after overrides), for metrics and batch tooling.
     """
@@ -206,6 +209,22 @@ def body_bounding_radius(bodies) -> np.ndarray:
 MASS_RANGE = (1e-30, 1e30)
 
 
+def quat_matrices(q) -> np.ndarray:
+    """(K, 3, 3) float64 rotation matrices of quaternions (K, 4) (w, x, y, z), unit length."""
+    q = np.asarray(q, np.float64).reshape(-1, 4)
+    w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
+    return np.stack([
+        np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
+        np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
+        np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], 1)
+
+
+def bodies_pinned(bodies) -> np.ndarray:
+    """(N,) bool: the bodies no contact moves, fixed or kinematic (infinite mass: zero inverse mass and inertia)."""
+    fixed = np.asarray(bodies["fixed"], bool)
+    return fixed | np.asarray(bodies.get("kinematic", np.zeros_like(fixed)), bool)
+
+
 def body_mass_properties(bodies, materials):
     """(mass kg (N,), inverse mass 1/kg (N,), body-frame inverse inertia diagonal 1/(kg m^2) (N,3), inertia diagonal
     kg m^2 (N,3)) from shape and density; fixed bodies get zero inverse mass and inertia. In float64: a value out of
@@ -236,8 +255,9 @@ def body_mass_properties(bodies, materials):
         m = mass[bx]
         inertia[bx] = np.stack([m / 3 * (hy * hy + hz * hz), m / 3 * (hx * hx + hz * hz), m / 3 * (hx * hx + hy * hy)],
                                1)
-        inv_mass = np.where(bodies["fixed"], 0.0, 1.0 / mass)
-        inv_inertia = np.where(bodies["fixed"][:, None], 0.0, 1.0 / inertia)
+        pinned = bodies_pinned(bodies)
+        inv_mass = np.where(pinned, 0.0, 1.0 / mass)
+        inv_inertia = np.where(pinned[:, None], 0.0, 1.0 / inertia)
     return mass, inv_mass, inv_inertia, inertia
 
 

@@ -101,6 +101,8 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
         reach = 0.0
         if model.body_inv_mass[i] > 0.0:
             reach = dt * (state.body_vel[i].norm() + model.gravity[None].norm() * dt + state.body_omega[i].norm() * r)
+        elif model.body_kinematic[i] != 0:   # (it moves as told: no gravity)
+            reach = dt * (state.body_vel[i].norm() + state.body_omega[i].norm() * r)
         grid.body_reach[i] = reach
         state.body_woken[i] = 0
         h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
@@ -158,7 +160,8 @@ def _wakes(model: ti.template(), state: ti.template(), grid: ti.template(), j, r
     """Whether body j wakes the sleepers it touches in round r (see _wake_from_neighbours)."""
     out = False
     if ti.static(r == 0):
-        out = model.body_inv_mass[j] > 0.0 and not asleep_by_time(model, state, j) and \
+        moves = model.body_inv_mass[j] > 0.0 or model.body_kinematic[j] != 0
+        out = moves and not asleep_by_time(model, state, j) and \
             state.body_vel[j].norm() + state.body_omega[j].norm() * grid.body_sphere[j][3] > model.sleep_speed[None]
     else:
         out = state.body_woken[j] == r

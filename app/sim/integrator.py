@@ -68,6 +68,19 @@ def rotate_keeping_momentum(q, w, w_pseudo, inv_inertia_body, dt):
     return q_out, w_out
 
 
+@ti.func
+def kinematic_step(model: ti.template(), i, x, q, dt):
+    """(position, orientation, velocity, angular velocity) after dt of kinematic body i at x, q: the exact rigid
+    motion that turns it at model.body_kin_omega about its pivot (model.body_kin_pivot, in its frame) while the
+    pivot moves at model.body_kin_velocity. Its velocity is its centre's, as the contacts see it."""
+    w = model.body_kin_omega[i]
+    pivot_local = model.body_kin_pivot[i]
+    pivot = x + quat_to_mat_as(q, ti.f32) @ pivot_local + model.body_kin_velocity[i] * dt
+    q_new = quat_step(q, w, dt, ti.f32)
+    x_new = pivot - quat_to_mat_as(q_new, ti.f32) @ pivot_local
+    return x_new, q_new, model.body_kin_velocity[i] + w.cross(x_new - pivot), w
+
+
 @ti.kernel
 def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: ti.template(), solver: ti.template(),
                      src: ti.i32, dt: ti.f32, step_index: ti.i32, diagnostics: ti.template(),
@@ -93,6 +106,8 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
             # sleeping: slow for sleep_time (a woken body starts counting again)
             moving = v.norm() + w.norm() * model.body_radius[i] >= model.sleep_speed[None]
             slow = ti.select(moving or state_in.body_woken[i] != 0, 0.0, ti.min(slow + dt, 2.0 * model.sleep_time[None]))
+        elif model.body_kinematic[i] != 0:
+            x, q, v, w = kinematic_step(model, i, x, q, dt)
         else:
             v = ti.Vector([0.0, 0.0, 0.0])
             w = ti.Vector([0.0, 0.0, 0.0])

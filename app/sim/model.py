@@ -17,7 +17,7 @@ import numpy as np
 import taichi as ti
 
 from app.scene import Scene, body_bounding_radius
-from app.scene.schema import body_mass_properties
+from app.scene.schema import body_mass_properties, quat_matrices
 from app.sim.permute import permute_field
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -74,7 +74,7 @@ def plane_rows(statics, bounding_radius_max: float):
 
 # The Model's per-body fields: what store_in_order moves.
 BODY_FIELDS = ("body_shape", "body_radius", "body_half_extents", "body_mass", "body_inv_mass", "body_inv_inertia",
-               "body_material", "body_id")
+               "body_material", "body_id", "body_kinematic", "body_kin_pivot", "body_kin_velocity", "body_kin_omega")
 
 
 @ti.kernel
@@ -99,6 +99,9 @@ class Model:
             Stored indices change when the Simulation re-sorts the bodies (Simulation.resort); ids do not, so
             every convention that must hold from step to step (which body of a pair comes first: the
             box-box feature ids and the warm-start keys) is decided by id, never by stored index.
+        body_kinematic: i32, 1 for a kinematic body (zero inverse mass and inertia, as a fixed body, but moving):
+            it turns at body_kin_omega (rad/s, world) about the point body_kin_pivot (m, in its own frame), which
+            moves at body_kin_velocity (m/s), whatever touches it (app.sim.integrator.kinematic_step).
     Materials, shape (material_capacity,): material_friction (Coulomb mu), material_restitution (e),
         material_density kg/m^3 (informational after load: masses are computed at load).
     Planes (static half-spaces), shape (plane_capacity,): plane_normal (unit vec3, pointing out of the
@@ -125,6 +128,10 @@ class Model:
         self.body_inv_inertia = ti.Vector.field(3, ti.f32, n)
         self.body_material = ti.field(ti.i32, n)
         self.body_id = ti.field(ti.i32, n)
+        self.body_kinematic = ti.field(ti.i32, n)
+        self.body_kin_pivot = ti.Vector.field(3, ti.f32, n)
+        self.body_kin_velocity = ti.Vector.field(3, ti.f32, n)
+        self.body_kin_omega = ti.Vector.field(3, ti.f32, n)
         m = self.material_capacity
         self.material_friction = ti.field(ti.f32, m)
         self.material_restitution = ti.field(ti.f32, m)
@@ -164,7 +171,8 @@ class ModelBuilder:
 
     bodies: dict of numpy rows in scene order (bodies added at run time after them): shape (N,) int32, radius (N,)
         m (bounding radius), half_extents (N,3) m, mass (N,) kg, inv_mass (N,) 1/kg, inv_inertia (N,3)
-        1/(kg m^2) (body frame), material (N,) int32, fixed (N,) bool.
+        1/(kg m^2) (body frame), material (N,) int32, fixed (N,) bool, kinematic (N,) bool, kin_pivot, kin_velocity,
+        kin_omega (N,3) (Model.body_kinematic).
     materials: list of dicts {name, density, friction, restitution} (index = material id).
     statics: the scene's static geometry as validated; plane_rows: its half-space rows (plane_rows()).
     params: the runtime parameters (PARAM_KEYS), resolved from the scene's sim mapping.
@@ -192,9 +200,19 @@ class ModelBuilder:
         """Append body rows (a validated Scene's bodies: shape, radius, half_extents, material, fixed; positions and
         velocities belong to the State) after the others, with their mass properties."""
         mass, inv_mass, inv_inertia, _ = body_mass_properties(bodies, self.materials)
+        kinematic = np.asarray(bodies.get("kinematic", np.zeros(len(bodies["shape"]), bool)), bool)
+        pos = np.asarray(bodies["position"], np.float64)
+        pivot = np.asarray(bodies.get("pivot", pos), np.float64)
+        omega = np.asarray(bodies["angular_velocity"], np.float64)
+        # a kinematic body's pivot in its own frame, and the pivot's velocity (its row's velocity is its centre's)
+        pivot_local = np.einsum("kji,kj->ki", quat_matrices(bodies["orientation"]), pivot - pos)
+        kin_velocity = np.asarray(bodies["velocity"], np.float64) - np.cross(omega, pos - pivot)
         new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
                "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
-               "fixed": bodies["fixed"]}
+               "fixed": bodies["fixed"], "kinematic": kinematic,
+               "kin_pivot": np.where(kinematic[:, None], pivot_local, 0.0),
+               "kin_velocity": np.where(kinematic[:, None], kin_velocity, 0.0),
+               "kin_omega": np.where(kinematic[:, None], omega, 0.0)}
         for key, arr in new.items():
             arr = np.asarray(arr)
             self.bodies[key] = arr.copy() if key not in self.bodies else np.concatenate([self.bodies[key], arr], 0)
@@ -300,6 +318,8 @@ class ModelBuilder:
         """Fix (zero inverse mass and inertia) or free again scene body `body`, stored at index `stored`, here and
         in `model`, from the next step. A body fixed in the scene cannot be freed (its mass was never kept)."""
         b = self.bodies
+        if b["kinematic"][body]:
+            return   # (a kinematic body moves as it was told, held or not)
         if fixed and not b["fixed"][body]:
             self._freed[body] = (float(b["inv_mass"][body]), np.array(b["inv_inertia"][body]))
             inv_m, inv_i = 0.0, np.zeros(3)
@@ -340,6 +360,10 @@ class ModelBuilder:
         model.body_inv_inertia.from_numpy(stored(b["inv_inertia"], np.float32))
         model.body_material.from_numpy(stored(b["material"], np.int32))
         model.body_id.from_numpy(stored(np.arange(n), np.int32))
+        model.body_kinematic.from_numpy(stored(b["kinematic"], np.int32))
+        model.body_kin_pivot.from_numpy(stored(b["kin_pivot"], np.float32))
+        model.body_kin_velocity.from_numpy(stored(b["kin_velocity"], np.float32))
+        model.body_kin_omega.from_numpy(stored(b["kin_omega"], np.float32))
         model.body_count[None] = n
         model.host_body_count = n
         r_grid = self.grid_radius()

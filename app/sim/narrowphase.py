@@ -685,7 +685,8 @@ def _wake_if_touched(model: ti.template(), state: ti.template(), a, b):
     pairs app.sim.broadphase.kernel_wake_touched does not see (a large body's). A slow body leans on a sleeper as
     on a fixed body. Reads only what no thread of this kernel writes (the sleep clocks, the velocities), so the
     outcome does not depend on the order of the pairs."""
-    if asleep_by_time(model, state, b) and not asleep_by_time(model, state, a) and model.body_inv_mass[a] > 0.0:
+    moves = model.body_inv_mass[a] > 0.0 or model.body_kinematic[a] != 0
+    if asleep_by_time(model, state, b) and not asleep_by_time(model, state, a) and moves:
         if state.body_vel[a].norm() + state.body_omega[a].norm() * model.body_radius[a] > model.sleep_speed[None]:
             state.body_woken[b] = 1
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from app.errors import UserError, raise_if_signalled
 from app.files import write_named_atomic, write_text_atomic
-from app.scene.schema import SHAPES
+from app.scene.schema import SHAPES, quat_matrices
 from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
                                 fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
 from app.viewer.pacing import FramePacer
@@ -254,7 +254,7 @@ class InteractiveViewer:
             self.selected = b
             if b is not None:
                 hit = o + s * d
-                R = picking.quat_to_matrices(sim.orientations()[b:b + 1])[0]
+                R = quat_matrices(sim.orientations()[b:b + 1])[0]
                 self._grab = (R.T @ (hit - sim.positions()[b]), hit, -d)
         if self._grab is not None and not down:
             sim.set_external_force(None)
@@ -264,7 +264,7 @@ class InteractiveViewer:
             target = picking.plane_point(o, d, p0, normal)
             k = int(sim.internal_of[self.selected])
             c = np.asarray(sim.state.body_pos[k], np.float64)
-            R = picking.quat_to_matrices(np.asarray(sim.state.body_quat[k], np.float64)[None])[0]
+            R = quat_matrices(np.asarray(sim.state.body_quat[k], np.float64)[None])[0]
             grab = c + R @ local
             v = np.asarray(sim.state.body_vel[k], np.float64) + np.cross(np.asarray(sim.state.body_omega[k]), grab - c)
             if target is not None:

@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from app.scene.schema import quat_matrices
+
 DRAG_HZ = 2.0   # the spring's natural frequency (1/s)
 
 
@@ -27,16 +29,6 @@ def cursor_ray(position, lookat, up, fov_deg, aspect, cx, cy):
     t = math.tan(math.radians(fov_deg) / 2)
     d = f + (2 * cx - 1) * t * aspect * r + (2 * cy - 1) * t * u
     return o, d / np.linalg.norm(d)
-
-
-def quat_to_matrices(q):
-    """(K, 3, 3) rotation matrices of unit quaternions (K, 4) (w, x, y, z)."""
-    q = np.asarray(q, np.float64)
-    w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
-    return np.stack([
-        np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)], -1),
-        np.stack([2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)], -1),
-        np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], 1)
 
 
 def pick(origin, direction, positions, orientations, shape, half_extents):
@@ -59,7 +51,7 @@ def pick(origin, direction, positions, orientations, shape, half_extents):
         hit[np.flatnonzero(cap)] = _ray_capsules(origin, direction, c[cap], np.asarray(orientations)[cap], h[cap])
     box = ~(sph | cap)
     if box.any():   # slabs in the box's frame
-        R = quat_to_matrices(np.asarray(orientations)[box])
+        R = quat_matrices(np.asarray(orientations)[box])
         lo = np.einsum("kji,kj->ki", R, oc[box])          # R^T (o - c)
         ld = np.einsum("kji,j->ki", R, direction)          # R^T d
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -85,7 +77,7 @@ def _ray_spheres(o, d, c, r):
 def _ray_capsules(o, d, c, q, h):
     """Distance along the unit ray o + s d to each capsule (centres c, orientations q, half extents h (K, 3)): the
     nearest of its side (a cylinder about local y, within the half length) and its two end spheres."""
-    R = quat_to_matrices(q)
+    R = quat_matrices(q)
     lo = np.einsum("kji,kj->ki", R, o[None, :] - c)    # R^T (o - c)
     ld = np.einsum("kji,j->ki", R, d)                   # R^T d
     r, hl = h[:, 0], h[:, 1] - h[:, 0]

@@ -208,3 +208,16 @@ def test_capsule_axis_turns_the_segment():
         w, x, y, z = q
         local_y = np.array([2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)])
         assert np.allclose(np.abs(local_y), want, atol=1e-12), (q, local_y)
+
+
+@pytest.mark.parametrize("body,key,words", [
+    ({"fixed": True, "kinematic": True}, "bodies[0].kinematic", "not both fixed and kinematic"),
+    ({"pivot": [0, 0, 0]}, "bodies[0].pivot", "only on a kinematic body"),
+    ({"kinematic": "yes"}, "bodies[0].kinematic", "true or false"),
+])
+def test_kinematic_keys_are_checked(body, key, words):
+    raw = {"name": "t", "materials": {"m": {"density": 1000}},
+           "bodies": [{"shape": "sphere", "radius": 0.1, "position": [0, 1, 0], "material": "m", **body}]}
+    with pytest.raises(UserError) as e:
+        scene_from_dict(raw)
+    assert key in str(e.value) and words in str(e.value), str(e.value)

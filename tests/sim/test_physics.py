@@ -580,3 +580,43 @@ def test_capsules_rest_lying_on_a_floor_on_a_box_and_standing(sim):
         w, x, y, z = sim.orientations()[k]
         local_y = np.array([2 * (x * y - w * z), 1 - 2 * (x * x + z * z), 2 * (y * z + w * x)])
         assert np.linalg.norm(np.cross(local_y, axis)) < CAPSULE_LEVEL_TOL, (k, local_y)
+
+
+# A kinematic body moves by exact rigid steps (app.sim.integrator.kinematic_step) in float32: 500 steps of rounding at
+# ~6e-8 of ~1 m each bound the drift by 3e-5 m; 1e-4 m is three times that. A box carried on a kinematic conveyor
+# reaches its speed within friction's time v / (mu g) (0.1 s here) and then rides it: after 1 s its speed within
+# 1% of the conveyor's.
+KINEMATIC_POSE_TOL = 1e-4
+CONVEYOR_SPEED_REL_TOL = 0.01
+
+
+def test_a_kinematic_body_turns_about_its_pivot_and_ignores_what_hits_it(sim):
+    w, v = 1.0, np.array([0.5, 0.0, 0.0])
+    pivot0 = np.array([0.0, 1.0, 0.0])
+    sim.load(scene_from_dict(_scene([_box([0.2, 0.1, 0.3], [1, 1, 0], kinematic=True, pivot=pivot0.tolist(),
+                                          velocity=v.tolist(), angular_velocity=[0, 0, w]),
+                                     _sphere(0.1, [1.0, 1.6, 0])], [FLOOR], sleep_speed=0.0)))
+    seconds = 1.0
+    _run(sim, seconds)
+    c, s = math.cos(w * seconds), math.sin(w * seconds)
+    pivot = pivot0 + v * seconds
+    want = pivot + np.array([c, s, 0.0]) * 1.0
+    assert np.abs(sim.positions()[0] - want).max() < KINEMATIC_POSE_TOL, (sim.positions()[0], want)
+    q = sim.orientations()[0]
+    assert abs(abs(q[0]) - math.cos(w * seconds / 2)) < KINEMATIC_POSE_TOL and abs(abs(q[3]) - math.sin(w / 2)) < \
+        KINEMATIC_POSE_TOL, q
+    # its velocity is its centre's: the pivot's plus w x (centre - pivot)
+    np.testing.assert_allclose(sim.velocities()[0], v + np.cross([0, 0, w], want - pivot), atol=1e-3)
+    assert abs(sim.positions()[1, 0] - 1.0) > 0.05, sim.positions()[1]   # the sphere it struck was knocked aside
+
+
+def test_a_box_rides_a_kinematic_conveyor(sim):
+    speed = 0.5
+    mats = {"m": {"density": 1000, "friction": 0.5, "restitution": 0.0}}
+    sim.load(scene_from_dict(_scene([_box([2.0, 0.1, 0.5], [0, 0.1, 0], kinematic=True, velocity=[speed, 0, 0]),
+                                     _box([0.1, 0.1, 0.1], [-1.0, 0.3, 0])], [FLOOR], materials=mats,
+                                    sleep_speed=0.0)))
+    _run(sim, 1.0)
+    assert abs(sim.velocities()[1, 0] - speed) < CONVEYOR_SPEED_REL_TOL * speed, sim.velocities()[1]
+    assert abs(sim.positions()[0, 1] - 0.1) < 1e-6   # no gravity on the conveyor, and the floor does not push it
+    assert abs(sim.positions()[1, 1] - 0.3) < REST_PENETRATION_FRACTION * 0.1

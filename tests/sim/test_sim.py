@@ -541,6 +541,19 @@ def _check_capsules(m, st, tr):
     assert np.abs(logs[-1, :, 1] - (0.1 + level * np.sqrt(3) * 0.1)).max() < 0.01, logs[-1, :, 1]
 
 
+def _check_tumbler(m, st, tr):
+    # the drum (9 kinematic walls) turned by 0.5 rad/s x t about its tilted axis, and every body is still inside it
+    from app.scene.schema import quat_matrices
+
+    q0, q1 = tr["orientation"][0, 0].astype(np.float64), tr["orientation"][-1, 0].astype(np.float64)
+    turned = 2 * np.arccos(min(1.0, abs(float(q0 @ q1))))
+    assert abs(turned - 0.5 * (tr["time"][-1] - tr["time"][0])) < 1e-3, turned
+    R = quat_matrices(q1)[0]
+    local = (st["position"][9:] - np.array([0.0, 2.0, 0.0])) @ R
+    assert (np.abs(local) < [1.5, 1.5, 1.25]).all(), np.abs(local).max(0)
+    assert m["overflow_total"] == 0
+
+
 def _check_pile(m, st, tr):
     p = st["position"]
     assert np.isfinite(p).all() and m["overflow_total"] == 0
@@ -585,6 +598,7 @@ SCENE_RUNS = {
     "pile_100k": (20, ("bodies.0.count=3000", "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                        "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
     "capsules": (40, (), _check_capsules),
+    "tumbler": (40, (), _check_tumbler),
     "capsule_pile_100k": (20, ("bodies.0.count=1000", "bodies.1.count=2000", "static.0.size=[3, 4, 3]",
                                "bodies.0.min=[-1.45, 0.1, -1.45]", "bodies.0.max=[1.45, 4, 1.45]",
                                "bodies.1.min=[-1.45, 4.2, -1.45]", "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),

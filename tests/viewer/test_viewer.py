@@ -383,6 +383,7 @@ def test_vulkan_loader_lookup_ends_and_finds_a_loader_on_the_library_path(tmp_pa
 def test_picking_hits_a_capsule_where_a_dense_march_along_the_ray_enters_it():
     # A capsule (shape 2) in random poses: the distance along the ray to its surface against a march in 1e-4 m
     # steps testing the point's distance to the segment; rays that miss it are misses.
+    from app.scene.schema import quat_matrices
     from app.viewer import picking
 
     rng = np.random.default_rng(4)
@@ -396,7 +397,7 @@ def test_picking_hits_a_capsule_where_a_dense_march_along_the_ray_enters_it():
         d = np.array([1.0, *rng.uniform(-0.15, 0.15, 2)])
         d /= np.linalg.norm(d)
         b, s = picking.pick(o, d, [c], [q], [2], [[r, hl + r, r]])
-        axis = picking.quat_to_matrices(q[None])[0][:, 1] * hl
+        axis = quat_matrices(q[None])[0][:, 1] * hl
         t = np.arange(0.0, 6.0, 1e-4)
         x = o + t[:, None] * d
         u = np.clip(((x - (c - axis)) @ (2 * axis)) / (4 * axis @ axis), 0.0, 1.0)
