@@ -23,6 +23,8 @@ timeout 200 python run.py bench sim --arch cuda --steps 10000 --warmup 20 --scen
     --storages "vla,vla+sim.sleep_speed=0" --out "$out/sim_pyramid_100" 2>&1 | tail -6
 timeout 120 python run.py bench sim --arch cuda --steps 2000 --warmup 20 --scenes many_pyramids --storages vla \
     --out "$out/sim_many_pyramids" 2>&1 | tail -6
+timeout 120 python run.py bench sim --arch cuda --steps 2000 --warmup 20 --scenes tumbler,capsules --storages vla \
+    --out "$out/sim_tumbler_capsules" 2>&1 | tail -6
 timeout 300 python run.py bench sim --arch cuda --steps 30 --warmup 2600 --scenes pile_1m \
     --storages "vla,vla+sim.sleep_speed=0" --out "$out/sim_pile_1m_settling" 2>&1 | tail -6
 timeout 120 python run.py bench profile --scene pyramid_100 --storages vla --warmup 100 --steps 10 --arch cuda 2>&1 \

@@ -140,7 +140,7 @@ class InteractiveViewer:
         self._grab = None
 
     def drop_bodies(self, count: int):
-        """Drop `count` bodies above the scene (alternating spheres and boxes, the scene's median size, the
+        """Drop `count` bodies above the scene (spheres, boxes and capsules in turn, the scene's median size, the
         selected material) through sim.add_bodies: the contact VLAs and the grid absorb them live."""
         sim = self.sim
         shapes = sim.shapes()
@@ -167,12 +167,16 @@ class InteractiveViewer:
             layer, rest = divmod(k, nx * nz)
             iz, ix = divmod(rest, nx)
             p = [float(lo[0] + ix * spacing), y0 + layer * spacing, float(lo[2] + iz * spacing)]
-            if k % 2 == 0:
+            q = rng.normal(size=4)
+            q = (q / np.linalg.norm(q)).tolist()
+            if k % 3 == 0:
                 bodies.append({"shape": "sphere", "radius": size, "position": p, "material": mat})
-            else:
-                q = rng.normal(size=4)
-                bodies.append({"shape": "box", "half_extents": [size] * 3, "position": p,
-                               "orientation": (q / np.linalg.norm(q)).tolist(), "material": mat})
+            elif k % 3 == 1:
+                bodies.append({"shape": "box", "half_extents": [size] * 3, "position": p, "orientation": q,
+                               "material": mat})
+            else:   # (bounding radius 1.6 size, inside the box's sqrt(3) size the spacing is made for)
+                bodies.append({"shape": "capsule", "radius": 0.6 * size, "half_length": size, "position": p,
+                               "orientation": q, "material": mat})
         sim.add_bodies(bodies)
 
     def advance(self):
