@@ -308,34 +308,14 @@ def capsule_pair_manifold(model: ti.template(), state: ti.template(), i, j, marg
 
 @ti.func
 def sphere_box_geometry(c, r, pb, R, h):
-    """(hit, n_bs, depth, point): n_bs points from the box towards the sphere centre."""
+    """(n_bs, depth, point): n_bs points from the box towards the sphere centre (a centre inside the box is pushed
+    out through the nearest face: app.sim.capsule.box_closest)."""
     local = R.transpose() @ (c - pb)
-    clamped = ti.math.clamp(local, -h, h)
-    diff = local - clamped
-    dist = diff.norm()
-    n_local = vec3(0.0, 1.0, 0.0)
-    depth = 0.0
-    surf = clamped
-    if dist > 1e-7:
-        n_local = diff / dist
-        depth = r - dist
-    else:
-        # centre inside the box: push out through the nearest face
-        best = 0
-        best_gap = h[0] - ti.abs(local[0])
-        for a in ti.static(range(1, 3)):
-            g = h[a] - ti.abs(local[a])
-            if g < best_gap:
-                best_gap = g
-                best = a
-        n_local = vec3(0.0)
-        n_local[best] = sign_nz(local[best])
-        surf[best] = sign_nz(local[best]) * h[best]
-        depth = r + best_gap
+    n_local, s, _face = box_closest(local, h)
     n_bs = R @ n_local
-    q = pb + R @ surf
+    q = pb + R @ (local - n_local * s)   # the box's surface point nearest the centre
     point = 0.5 * (q + c - n_bs * r)
-    return n_bs, depth, point
+    return n_bs, r - s, point
 
 
 @ti.func

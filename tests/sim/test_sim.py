@@ -1180,18 +1180,22 @@ def test_solver_motion_does_not_depend_on_list_order(sim):
     sim.load(_small_pile("vla"))
 
 
+def _pile_with_a_block():
+    """The small pile and a 3 x 2 x 3 block of touching boxes on its floor: a box in the middle of the block has up to
+    4 points with each of its neighbours and so lists of ~20 records, beside the pile's short ones."""
+    block = {"generate": "grid", "shape": "box", "half_extents": [0.05, 0.05, 0.05], "count": [3, 2, 3],
+             "origin": [-0.1, 0.05, -0.1], "spacing": 0.1, "material": "a"}
+    pile = _small_pile("vla")
+    return scene_from_dict({**pile.raw, "bodies": pile.raw["bodies"] + [block]})
+
+
 def test_warm_start_takes_each_contacts_impulse_from_last_steps_record_with_its_key(sim):
     # The narrowphase gives each new contact the impulses of last step's record of the same pair and feature,
     # from one of the pair's two lists (both copies were solved alike). Reference: each body's own last list,
     # as a dict per body in plain Python; lists of more than 8 records must be among those checked.
     from app.sim.narrowphase import find_contacts
 
-    # a 3 x 2 x 3 block of touching boxes on a floor: a box in the middle has up to 4 points with each of its
-    # neighbours and so lists of ~20 records, beside the pile's short ones
-    block = {"generate": "grid", "shape": "box", "half_extents": [0.05, 0.05, 0.05], "count": [3, 2, 3],
-             "origin": [-0.1, 0.05, -0.1], "spacing": 0.1, "material": "a"}
-    pile = _small_pile("vla")
-    sim.load(scene_from_dict({**pile.raw, "bodies": pile.raw["bodies"] + [block]}))
+    sim.load(_pile_with_a_block())
     for _ in range(300):
         sim.step()
     sim.contacts.flip()
@@ -1236,10 +1240,7 @@ def test_a_pairs_points_sit_together_in_feature_order_in_both_lists(sim):
     # The narrowphase puts a pair's points in consecutive slots of each of its two lists (the solver walks them in
     # order), ordered by feature id, each marked with its rank and the pair's count. Reference: plain Python over
     # every list; the block's boxes touch their neighbours and the floor with up to 4 points each.
-    block = {"generate": "grid", "shape": "box", "half_extents": [0.05, 0.05, 0.05], "count": [3, 2, 3],
-             "origin": [-0.1, 0.05, -0.1], "spacing": 0.1, "material": "a"}
-    pile = _small_pile("vla")
-    sim.load(scene_from_dict({**pile.raw, "bodies": pile.raw["bodies"] + [block]}))
+    sim.load(_pile_with_a_block())
     for _ in range(50):
         sim.step()
     offsets, cur = sim.contacts.lists.to_csr()
