@@ -200,19 +200,22 @@ class ModelBuilder:
         """Append body rows (a validated Scene's bodies: shape, radius, half_extents, material, fixed; positions and
         velocities belong to the State) after the others, with their mass properties."""
         mass, inv_mass, inv_inertia, _ = body_mass_properties(bodies, self.materials)
-        kinematic = np.asarray(bodies.get("kinematic", np.zeros(len(bodies["shape"]), bool)), bool)
-        pos = np.asarray(bodies["position"], np.float64)
-        pivot = np.asarray(bodies.get("pivot", pos), np.float64)
-        omega = np.asarray(bodies["angular_velocity"], np.float64)
-        # a kinematic body's pivot in its own frame, and the pivot's velocity (its row's velocity is its centre's)
-        pivot_local = np.einsum("kji,kj->ki", quat_matrices(bodies["orientation"]), pivot - pos)
-        kin_velocity = np.asarray(bodies["velocity"], np.float64) - np.cross(omega, pos - pivot)
+        count = len(bodies["shape"])
+        kinematic = np.asarray(bodies.get("kinematic", np.zeros(count, bool)), bool)
+        kin = {name: np.zeros((count, 3)) for name in ("kin_pivot", "kin_velocity", "kin_omega")}
+        if kinematic.any():
+            # a kinematic body's pivot in its own frame, and the pivot's velocity (its row's velocity is its centre's)
+            k = np.flatnonzero(kinematic)
+            pos = np.asarray(bodies["position"], np.float64)[k]
+            pivot = np.asarray(bodies["pivot"], np.float64)[k]
+            omega = np.asarray(bodies["angular_velocity"], np.float64)[k]
+            kin["kin_pivot"][k] = np.einsum("kji,kj->ki", quat_matrices(np.asarray(bodies["orientation"])[k]),
+                                            pivot - pos)
+            kin["kin_velocity"][k] = np.asarray(bodies["velocity"], np.float64)[k] - np.cross(omega, pos - pivot)
+            kin["kin_omega"][k] = omega
         new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
                "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
-               "fixed": bodies["fixed"], "kinematic": kinematic,
-               "kin_pivot": np.where(kinematic[:, None], pivot_local, 0.0),
-               "kin_velocity": np.where(kinematic[:, None], kin_velocity, 0.0),
-               "kin_omega": np.where(kinematic[:, None], omega, 0.0)}
+               "fixed": bodies["fixed"], "kinematic": kinematic, **kin}
         for key, arr in new.items():
             arr = np.asarray(arr)
             self.bodies[key] = arr.copy() if key not in self.bodies else np.concatenate([self.bodies[key], arr], 0)

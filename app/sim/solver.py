@@ -11,9 +11,9 @@ which comes to
 
 with each contact's effective mass built from n_i * inv_mass_i (and n_i * I_i^-1). The averaging makes
 Jacobi converge where plain Jacobi over-shoots, so stacks stand without a sequential sweep over the bodies or a
-graph colouring. Split per point, a box resting on a box splits 8 ways, and a column of boxes converges 4 times
-slower than one of spheres: at 10 iterations a 20-box column sagged 1-2 cm and a box 100 times as dense as the
-two below it sank 6-15 mm; split per pair, 3.5-4 mm and under 2 mm (CPU, this solver's tests).
+graph colouring. Split per point, a box resting on a box splits 8 ways, and a column of boxes converges slowly: at
+10 iterations a 20-box column sagged 11 mm, still moving at 0.02 m/s after 3 s, and a box 100 times as dense as the
+two below it sank up to 23 mm; split per pair, 4 mm at 1.3e-3 m/s, and at most 4.9 mm (docs/benchmarks.md).
 
 Gather, not scatter: a thread owns one body, walks that body's own list (contacts are stored in both
 bodies' lists with mirrored normals), and writes only that body's velocity, so there are no atomics
