@@ -129,7 +129,7 @@ def segment_box_deepest(a, b, h):
     x2 = lo + INV_PHI * (hi - lo)
     f1 = box_signed_distance(a + x1 * (b - a), h)
     f2 = box_signed_distance(a + x2 * (b - a), h)
-    for _ in ti.static(range(GOLDEN_STEPS)):
+    for _ in range(GOLDEN_STEPS):   # (a loop, not unrolled: the pair class compiles smaller)
         if f1 <= f2:
             hi = x2
             x2 = x1
