@@ -359,13 +359,17 @@ def solve_iteration(model: ti.template(), lists: ti.template(), base, solver: ti
                 check += dP.sum() + dL.sum() + djp
                 if step < count - 1:
                     # the pair's sub-bodies move on for its next point (each copy moves both the same way: j's
-                    # copy sees -dP, an exact negation)
+                    # copy sees -dP, an exact negation). A plane or a fixed body does not move, and a point that
+                    # changed no split impulse (not deeper than the slop) moves no pseudo velocity.
                     vi_l, wi_l = _sub_body_kick(vi_l, wi_l, split_i * inv_m, split_i, Id, Io, ri, dP)
-                    vj_l, wj_l = _sub_body_kick(vj_l, wj_l, split_j * inv_mj, split_j, bj.inv_inertia_d,
-                                                bj.inv_inertia_o, rj, -dP)
-                    pvi_l, pwi_l = _sub_body_kick(pvi_l, pwi_l, split_i * inv_m, split_i, Id, Io, ri, djp * n)
-                    pvj_l, pwj_l = _sub_body_kick(pvj_l, pwj_l, split_j * inv_mj, split_j, bj.inv_inertia_d,
-                                                  bj.inv_inertia_o, rj, -(djp * n))
+                    if inv_mj > 0.0:
+                        vj_l, wj_l = _sub_body_kick(vj_l, wj_l, split_j * inv_mj, split_j, bj.inv_inertia_d,
+                                                    bj.inv_inertia_o, rj, -dP)
+                    if djp != 0.0:
+                        pvi_l, pwi_l = _sub_body_kick(pvi_l, pwi_l, split_i * inv_m, split_i, Id, Io, ri, djp * n)
+                        if inv_mj > 0.0:
+                            pvj_l, pwj_l = _sub_body_kick(pvj_l, pwj_l, split_j * inv_mj, split_j,
+                                                          bj.inv_inertia_d, bj.inv_inertia_o, rj, -(djp * n))
             v = flag_non_finite(v + inv_m * unfixed(P_sum, scale), check)
             w = w + sym_mul(Id, Io, unfixed(L_sum, scale_w))
             pv = pv + inv_m * unfixed(Pp_sum, scale)
