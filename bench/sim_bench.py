@@ -125,8 +125,11 @@ def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_i
 
     job = json.dumps({"path": path, "storage": storage, "steps": steps, "overrides": list(overrides),
                       "warmup": warmup, "arch": arch, "resort_interval": resort_interval})
+    from app.errors import PARENT_PID_ENV
+
+    # (the run ends with this process: a benchmark stopped by `timeout` leaves no run holding the device)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", job], capture_output=True,
-                          text=True, cwd=ROOT)
+                          text=True, cwd=ROOT, env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -136,9 +139,11 @@ def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_i
 
 
 def _run_one(job_json: str) -> int:
+    from app.errors import die_with_parent
     from app.runtime import ensure_taichi
     from app.scene import load_scene
 
+    die_with_parent()
     job = json.loads(job_json)
     # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.sim.simulation.taichi_pool_gb)
     scene = load_scene(job["path"], tuple(job["overrides"]) + (f"sim.contacts={job['storage']}",))
