@@ -380,8 +380,12 @@ class Renderer:
                     cells = 2 * max(4, min(20, int(round(g / _nice_cell(extent)))))
                     meshes.append(rm.checker_quad(floor_c, [0, 1, 0], g, g, cells, cells, *GROUND_COLORS,
                                                   lift=-0.002 * extent))
+        # one mesh for all of them: each GGUI draw copies its fields to the renderer, with a device sync
         self.static_meshes = []
-        for v, n, i, c in meshes:
+        if meshes:
+            starts = np.cumsum([0] + [len(v) for v, _n, _i, _c in meshes[:-1]])
+            v, n, c = (np.concatenate([m[k] for m in meshes]) for k in (0, 1, 3))
+            i = np.concatenate([m[2] + start for m, start in zip(meshes, starts)]).astype(np.int32)
             self.static_meshes.append((_field_from(v, 3), _field_from(n, 3), _field_from(i, dtype=ti.i32),
                                        _field_from(c, 3)))
         self.static_lines = _field_from(np.concatenate(lines), 3) if lines else None

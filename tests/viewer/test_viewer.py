@@ -159,7 +159,10 @@ def test_colour_buckets_and_statics(ti_cpu):
     got = sorted(map(tuple, np.round(t[:, :3, 3], 5)))
     assert got == sorted(map(tuple, np.round(src.host_positions(), 5)))
     np.testing.assert_allclose(np.abs(np.linalg.det(t[:, :3, :3])), 0.1 ** 3, rtol=1e-4)
-    assert r.static_lines is not None and len(r.static_meshes) == 2   # container floor + ground around it
+    # container floor + ground around it, in one mesh: 2 checker quads of (cells + 1)^2 vertices each
+    assert r.static_lines is not None and len(r.static_meshes) == 1
+    v, _n, i, _c = r.static_meshes[0]
+    assert v.shape[0] > 8 and i.to_numpy().max() == v.shape[0] - 1 and i.shape[0] % 3 == 0
 
 
 @needs_vulkan
