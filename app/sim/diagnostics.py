@@ -113,7 +113,9 @@ def record_penetration(model: ti.template(), diagnostics: ti.template(), i, j, d
         fraction = depth / size
         atomic_max_rare(diagnostics.max_depth_fraction, fraction)
         if fraction > model.penetration_limit[None]:
-            pair = ti.cast(i, ti.i64) * ti.i64(PAIR_STRIDE) + ti.cast(j + 1, ti.i64)
+            # (every plane, -1 - k, is "the static geometry", -1: j + 1 must not go below 0, or the pair's
+            # decoding borrows from i)
+            pair = ti.cast(i, ti.i64) * ti.i64(PAIR_STRIDE) + ti.cast(ti.max(j, -1) + 1, ti.i64)
             atomic_min_rare(diagnostics.deep_pair, pair)
 
 
