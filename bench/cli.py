@@ -11,12 +11,14 @@ BENCHES = {
     "viewer": "bench.viewer_bench",
     "batch": "bench.batch_bench",
 }
-# Tools for working on the simulator (bench/dev/): where a step's time goes, lane use, reproducibility, compile time
+# Tools for working on the simulator (bench/dev/): where a step's time goes, lane use, reproducibility, compile time,
+# solver convergence on stacks
 DEV_BENCHES = {
     "profile": "bench.dev.profile_bench",
     "lanes": "bench.dev.lanes_bench",
     "repro": "bench.dev.repro_bench",
     "compile": "bench.dev.compile_bench",
+    "stacks": "bench.dev.stacks_bench",
 }
 
 
