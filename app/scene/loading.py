@@ -25,7 +25,8 @@ from app.errors import UserError
 from app.scene import yamlio
 from app.scene.generators import Bodies, expand_generator, quat_mul, shape_size
 from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
-                              Ctx, Scene, body_mass_properties, bodies_pinned, bool_ as _bool, check_keys as _check_keys, limit,
+                              Ctx, Scene, body_mass_properties, bodies_pinned, bool_ as _bool,
+                              check_keys as _check_keys, limit,
                               mapping as _mapping, material as _material, num as _num, quat as _quat, str_ as _str,
                               vec as _vec)
 
@@ -232,7 +233,8 @@ def _check_mass(ctx, bodies, materials, ends):
     mass, _, _, inertia = body_mass_properties(bodies, materials)
     low, high = MASS_RANGE
     with np.errstate(invalid="ignore"):
-        bad = ~bodies_pinned(bodies) & ~(((mass >= low) & (mass <= high)) & ((inertia >= low) & (inertia <= high)).all(1))
+        within = ((mass >= low) & (mass <= high)) & ((inertia >= low) & (inertia <= high)).all(1)
+        bad = ~bodies_pinned(bodies) & ~within
     if bad.any():
         i = int(np.argmax(bad))
         k = int(np.searchsorted(ends, i, side="right"))

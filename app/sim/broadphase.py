@@ -29,7 +29,7 @@ Simulation.scene_of).
 import taichi as ti
 
 from app.sim.model import MAX_LARGE_BODIES
-from app.sim.state import asleep_by_time
+from app.sim.state import asleep_by_time, moves_itself
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
@@ -160,8 +160,7 @@ def _wakes(model: ti.template(), state: ti.template(), grid: ti.template(), j, r
     """Whether body j wakes the sleepers it touches in round r (see _wake_from_neighbours)."""
     out = False
     if ti.static(r == 0):
-        moves = model.body_inv_mass[j] > 0.0 or model.body_kinematic[j] != 0
-        out = moves and not asleep_by_time(model, state, j) and \
+        out = moves_itself(model, j) and not asleep_by_time(model, state, j) and \
             state.body_vel[j].norm() + state.body_omega[j].norm() * grid.body_sphere[j][3] > model.sleep_speed[None]
     else:
         out = state.body_woken[j] == r

@@ -30,7 +30,7 @@ from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal, feature_ke
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
 from app.sim.model import NO_CLIP
-from app.sim.state import asleep_by_time
+from app.sim.state import asleep_by_time, moves_itself
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -665,8 +665,7 @@ def _wake_if_touched(model: ti.template(), state: ti.template(), a, b):
     pairs app.sim.broadphase.kernel_wake_touched does not see (a large body's). A slow body leans on a sleeper as
     on a fixed body. Reads only what no thread of this kernel writes (the sleep clocks, the velocities), so the
     outcome does not depend on the order of the pairs."""
-    moves = model.body_inv_mass[a] > 0.0 or model.body_kinematic[a] != 0
-    if asleep_by_time(model, state, b) and not asleep_by_time(model, state, a) and moves:
+    if asleep_by_time(model, state, b) and not asleep_by_time(model, state, a) and moves_itself(model, a):
         if state.body_vel[a].norm() + state.body_omega[a].norm() * model.body_radius[a] > model.sleep_speed[None]:
             state.body_woken[b] = 1
 

@@ -81,6 +81,13 @@ def asleep_by_time(model, state, i):
 
 
 @ti.func
+def moves_itself(model, i):
+    """Body i moves by its own velocity: a dynamic body, or a kinematic one (a fixed body does not); one that does
+    can wake a sleeper it touches."""
+    return model.body_inv_mass[i] > 0.0 or model.body_kinematic[i] != 0
+
+
+@ti.func
 def asleep(model, state, i):
     """Body i sleeps this step: asleep by time and not woken by a moving body touching it (the narrowphase decides,
     so valid from the solver on). A sleeping body keeps still and counts as fixed for the bodies touching it."""
