@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.scene.schema import (CAPSULE_AXES, GEN_KEYS, SHAPE_BOX, SHAPE_CAPSULE, SHAPE_SPHERE, SHAPES, quat_matrices,
-                              bool_ as _bool, material as _material,
+import os
+
+from app.scene.hull import HullError, hull_of, mesh_volume, read_obj
+from app.scene.schema import (CAPSULE_AXES, GEN_KEYS, SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE, SHAPES,
+                              quat_matrices, bool_ as _bool, material as _material,
                               num as _num, str_ as _str, vec as _vec, check_keys as _check_keys)
+
+# A mesh whose volume is less than this fraction of its hull's is not convex (`shape: convex, mesh: ...` takes the
+# hull of the mesh's vertices, which would fill its hollows silently).
+CONVEX_VOLUME_FRACTION = 0.99
 
 
 class Bodies:
@@ -14,11 +21,22 @@ class Bodies:
 
     def __init__(self):
         self.rows = {k: [] for k in ("shape", "radius", "half_extents", "position", "orientation", "velocity",
-                                     "angular_velocity", "material", "fixed", "kinematic", "pivot")}
+                                     "angular_velocity", "material", "fixed", "kinematic", "pivot", "hull")}
         self.blocks = []
+        self.hulls = []          # distinct hulls, in the order first met
+        self._hull_keys = {}
 
-    def add(self, shape, radius, half, pos, quat, vel, omega, mat, fixed, kinematic=False, pivot=None):
+    def hull_index(self, hull) -> int:
+        """Index of `hull` in self.hulls, adding it if no equal hull is there."""
+        key = hull.key()
+        if key not in self._hull_keys:
+            self._hull_keys[key] = len(self.hulls)
+            self.hulls.append(hull)
+        return self._hull_keys[key]
+
+    def add(self, shape, radius, half, pos, quat, vel, omega, mat, fixed, kinematic=False, pivot=None, hull=-1):
         r = self.rows
+        r["hull"].append(hull)
         r["kinematic"].append(kinematic)
         r["pivot"].append(pos if pivot is None else pivot)
         r["shape"].append(shape)
@@ -31,15 +49,16 @@ class Bodies:
         r["material"].append(mat)
         r["fixed"].append(fixed)
 
-    def add_many(self, shape, radius, half, pos, quat, vel, omega, mat, fixed):
+    def add_many(self, shape, radius, half, pos, quat, vel, omega, mat, fixed, hull=None):
         """Append a block of rows (numpy arrays); keeps scene order."""
         self._flush()
         self.blocks.append({"shape": shape, "radius": radius, "half_extents": half, "position": pos,
                             "orientation": quat, "velocity": vel, "angular_velocity": omega, "material": mat,
-                            "fixed": fixed, "kinematic": np.zeros(len(shape), bool), "pivot": pos})
+                            "fixed": fixed, "kinematic": np.zeros(len(shape), bool), "pivot": pos,
+                            "hull": np.full(len(shape), -1, np.int32) if hull is None else hull})
 
     _WIDTH = {"half_extents": 3, "position": 3, "orientation": 4, "velocity": 3, "angular_velocity": 3, "pivot": 3}
-    _DTYPE = {"shape": np.int32, "material": np.int32, "fixed": bool, "kinematic": bool}
+    _DTYPE = {"shape": np.int32, "material": np.int32, "fixed": bool, "kinematic": bool, "hull": np.int32}
 
     def _flush(self):
         r = self.rows
@@ -70,16 +89,83 @@ def _random_quat(rng):
     return (q / np.linalg.norm(q)).tolist()
 
 
-def shape_size(ctx, key, b):
-    """(shape id, radius, half extents, axis rotation) of a body or generator entry; the unused size is filled from
-    the used one so that every body has both (radius = bounding radius for boxes; half extents = the local bounding
-    box). The axis rotation (w, x, y, z) turns a capsule's segment from local y to its `axis` (identity otherwise)."""
+def quat_of_matrix(R):
+    """Unit quaternion (w, x, y, z) of the rotation matrix R (Shepperd's method)."""
+    R = np.asarray(R, np.float64)
+    t = np.trace(R)
+    if t > 0:
+        s = 2.0 * np.sqrt(1.0 + t)
+        q = [0.25 * s, (R[2, 1] - R[1, 2]) / s, (R[0, 2] - R[2, 0]) / s, (R[1, 0] - R[0, 1]) / s]
+    else:
+        k = int(np.argmax(np.diag(R)))
+        i, j = (k + 1) % 3, (k + 2) % 3
+        s = 2.0 * np.sqrt(1.0 + R[k, k] - R[i, i] - R[j, j])
+        q = [0.0, 0.0, 0.0, 0.0]
+        q[0] = (R[j, i] - R[i, j]) / s
+        q[1 + k] = 0.25 * s
+        q[1 + i] = (R[i, k] + R[k, i]) / s
+        q[1 + j] = (R[j, k] + R[k, j]) / s
+    q = np.asarray(q)
+    return (q / np.linalg.norm(q)).tolist()
+
+
+def convex_hull_of(ctx, key, b):
+    """(hull, com (3,), rotation (3,3)) of a convex body or generator entry: the hull of its `vertices` (m, in the
+    body's frame) or of its `mesh` (an OBJ file, relative to the scene file's folder), app.scene.hull.hull_of."""
+    if ("vertices" in b) == ("mesh" in b):
+        ctx.fail(f"{key}.vertices", "either vertices: [[x, y, z], ...] or mesh: file.obj for a convex shape",
+                 have_got=False)
+    if "vertices" in b:
+        v = b["vertices"]
+        if not isinstance(v, list) or len(v) < 4:
+            ctx.fail(f"{key}.vertices", "a list of at least 4 points [x, y, z] that are not coplanar", v)
+        points = [_vec(ctx, f"{key}.vertices[{k}]", p) for k, p in enumerate(v)]
+        where = f"{key}.vertices"
+    else:
+        mesh = _str(ctx, f"{key}.mesh", b["mesh"])
+        base = os.path.dirname(ctx.path) if ctx.path not in ("<dict>", "") else ""
+        path = mesh if os.path.isabs(mesh) else os.path.join(base, mesh)
+        where = f"{key}.mesh ({path})"
+        if not os.path.isfile(path):
+            ctx.fail(f"{key}.mesh", f"an OBJ file (relative to the scene's folder); {path} does not exist", mesh)
+        try:
+            points, tris = read_obj(path)
+        except HullError as e:
+            ctx.fail(where, f"a readable OBJ file: {e}", have_got=False)
+    try:
+        hull, com, rot = hull_of(points)
+    except HullError as e:
+        ctx.fail(where, f"points with a convex hull: {e}", have_got=False)
+    if "mesh" in b and tris is not None:
+        vol = mesh_volume(np.asarray(points), tris)
+        if vol < CONVEX_VOLUME_FRACTION * hull.volume:
+            ctx.fail(where, f"a convex mesh: it encloses {vol:.4g} m^3, {100 * vol / hull.volume:.1f}% of its "
+                            f"hull's {hull.volume:.4g} m^3 (split it into convex parts)", have_got=False)
+    return hull, com, rot
+
+
+def shape_size(ctx, key, b, acc=None):
+    """(shape id, radius, half extents, axis rotation, hull, com) of a body or generator entry; the unused size is
+    filled from the used one so that every body has both (radius = bounding radius for boxes and hulls; half extents
+    = the local bounding box). The axis rotation (w, x, y, z) turns a capsule's segment from local y to its `axis`,
+    and a hull's principal axes to the axes its vertices were given in (identity otherwise). hull: a convex shape's
+    index in acc.hulls (-1 otherwise); com (3,): where a hull's centre of mass lies in the frame its vertices were
+    given in (zero otherwise)."""
     shape = _str(ctx, f"{key}.shape", b.get("shape"), tuple(SHAPES)) if "shape" in b else ctx.fail(
         f"{key}.shape", "this key (" + " | ".join(SHAPES) + ")", have_got=False)
     ident = CAPSULE_AXES["y"]
-    for k, only in (("half_length", "capsule"), ("axis", "capsule")):
+    for k, only in (("half_length", "capsule"), ("axis", "capsule"), ("vertices", "convex"), ("mesh", "convex")):
         if k in b and shape != only:
-            ctx.fail(f"{key}.{k}", f"no {k} on a {shape} (only capsules have one)", have_got=False)
+            ctx.fail(f"{key}.{k}", f"no {k} on a {shape} (only {only} shapes have one)", have_got=False)
+    if shape == "convex":
+        for k in ("radius", "half_extents"):
+            if k in b:
+                ctx.fail(f"{key}.{k}", "no " + k + " on a convex shape (its vertices or mesh give its size)",
+                         have_got=False)
+        hull, com, rot = convex_hull_of(ctx, key, b)
+        v = hull.vertices
+        return (SHAPE_CONVEX, float(np.linalg.norm(v, axis=1).max()), np.abs(v).max(axis=0).tolist(),
+                quat_of_matrix(rot), acc.hull_index(hull), com)
     if shape in ("sphere", "capsule"):
         if "radius" not in b:
             ctx.fail(f"{key}.radius", f"this key (a number > 0) for a {shape}", have_got=False)
@@ -88,19 +174,19 @@ def shape_size(ctx, key, b):
                      + (" and half_length)" if shape == "capsule" else ")"), have_got=False)
         r = _num(ctx, f"{key}.radius", b["radius"], positive=True)
         if shape == "sphere":
-            return SHAPE_SPHERE, r, [r, r, r], ident
+            return SHAPE_SPHERE, r, [r, r, r], ident, -1, np.zeros(3)
         if "half_length" not in b:
             ctx.fail(f"{key}.half_length", "this key (a number > 0: half the length of the capsule's segment) for a "
                                             "capsule", have_got=False)
         hl = _num(ctx, f"{key}.half_length", b["half_length"], positive=True)
         axis = _str(ctx, f"{key}.axis", b.get("axis", "y"), tuple(CAPSULE_AXES))
-        return SHAPE_CAPSULE, r, [r, hl + r, r], CAPSULE_AXES[axis]
+        return SHAPE_CAPSULE, r, [r, hl + r, r], CAPSULE_AXES[axis], -1, np.zeros(3)
     if "half_extents" not in b:
         ctx.fail(f"{key}.half_extents", "this key (a list of 3 numbers > 0) for a box", have_got=False)
     if "radius" in b:
         ctx.fail(f"{key}.radius", "no radius on a box (use half_extents)", have_got=False)
     h = _vec(ctx, f"{key}.half_extents", b["half_extents"], 3, positive=True)
-    return SHAPE_BOX, float(np.linalg.norm(h)), h, ident
+    return SHAPE_BOX, float(np.linalg.norm(h)), h, ident, -1, np.zeros(3)
 
 
 def quat_mul(a, b):
@@ -114,6 +200,44 @@ def quat_mul(a, b):
 def _rotated_extent(half, q):
     """Half size (m) along world x, y, z of the box `half` turned by the quaternion q (w, x, y, z)."""
     return np.abs(quat_matrices(q)[0]) @ np.asarray(half, np.float64)
+
+
+def _random_hulls(ctx, key, g, acc, rng):
+    """[(hull index, bounding radius, half extents, axis rotation)] of a random generator's convex shapes: the hull of
+    its vertices or mesh, or `variants` (default 8) hulls of `hull_points` random points on the ellipsoid of semi-axes
+    `half_extents` (rocks)."""
+    if "hull_points" not in g:
+        return [_one_hull(ctx, key, g, acc)]
+    if "vertices" in g or "mesh" in g:
+        ctx.fail(f"{key}.hull_points", "either hull_points (random hulls) or vertices / mesh, not both",
+                 have_got=False)
+    n = _num(ctx, f"{key}.hull_points", g["hull_points"], integer=True, low=4, high=1000)
+    variants = _num(ctx, f"{key}.variants", g.get("variants", 8), integer=True, low=1, high=1000)
+    if "half_extents" not in g:
+        ctx.fail(f"{key}.half_extents", "this key (the semi-axes of the ellipsoid the random points lie on) with "
+                                        "hull_points", have_got=False)
+    semi = np.asarray(_vec(ctx, f"{key}.half_extents", g["half_extents"], 3, positive=True), np.float64)
+    out = []
+    for _ in range(variants):
+        p = rng.normal(size=(n, 3))
+        p = p / np.linalg.norm(p, axis=1, keepdims=True) * semi
+        try:
+            hull, _, rot = hull_of(p)
+        except HullError as e:
+            ctx.fail(f"{key}.hull_points", f"points with a convex hull: {e}", have_got=False)
+        v = hull.vertices
+        out.append((acc.hull_index(hull), float(np.linalg.norm(v, axis=1).max()), np.abs(v).max(axis=0),
+                    quat_of_matrix(rot)))
+    return out
+
+
+def _one_hull(ctx, key, g, acc):
+    for k in ("radius", "half_extents"):
+        if k in g:
+            ctx.fail(f"{key}.{k}", "no " + k + " with shape: convex and vertices / mesh", have_got=False)
+    hull, _, rot = convex_hull_of(ctx, key, g)
+    v = hull.vertices
+    return acc.hull_index(hull), float(np.linalg.norm(v, axis=1).max()), np.abs(v).max(axis=0), quat_of_matrix(rot)
 
 
 def expand_generator(ctx, key, g, acc, material_index, rng):
@@ -146,28 +270,41 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
         if np.any(hi <= lo):
             ctx.fail(f"{key}.max", "max > min on every axis", g.get("max"))
         shape_name = g.get("shape", "sphere")
-        _str(ctx, f"{key}.shape", shape_name, ("sphere", "box", "capsule", "mixed"))
+        _str(ctx, f"{key}.shape", shape_name, ("sphere", "box", "capsule", "convex", "mixed"))
+        for k in ("hull_points", "variants"):
+            if k in g and shape_name != "convex":
+                ctx.fail(f"{key}.{k}", "only with shape: convex", have_got=False)
+        hulls = None
         if shape_name == "capsule":
-            _, r, cap_half, axis = shape_size(ctx, key, g)
+            _, r, cap_half, axis, _, _ = shape_size(ctx, key, g)
             h = None
+        elif shape_name == "convex":
+            hulls = _random_hulls(ctx, key, g, acc, rng)
+            r = h = None
         else:
-            for k in ("half_length", "axis"):
+            for k in ("half_length", "axis", "vertices", "mesh"):
                 if k in g:
-                    ctx.fail(f"{key}.{k}", "only with shape: capsule", have_got=False)
+                    ctx.fail(f"{key}.{k}", "only with shape: " + ("capsule" if k in ("half_length", "axis")
+                                                                   else "convex"), have_got=False)
             r = _num(ctx, f"{key}.radius", g["radius"], positive=True) if "radius" in g else None
             h = _vec(ctx, f"{key}.half_extents", g["half_extents"], 3, positive=True) if "half_extents" in g else None
         if shape_name in ("sphere", "mixed") and r is None:
             ctx.fail(f"{key}.radius", "this key for spheres", have_got=False)
         if shape_name in ("box", "mixed") and h is None:
             ctx.fail(f"{key}.half_extents", "this key for boxes", have_got=False)
-        box_fraction = {"sphere": 0.0, "box": 1.0, "capsule": 0.0}.get(shape_name)
+        box_fraction = {"sphere": 0.0, "box": 1.0, "capsule": 0.0, "convex": 0.0}.get(shape_name)
         if box_fraction is None:
             box_fraction = _num(ctx, f"{key}.box_fraction", g.get("box_fraction", 0.5), nonneg=True, high=1.0)
         sj = _num(ctx, f"{key}.size_jitter", g.get("size_jitter", 0.0), nonneg=True, high=0.9)
+        if sj and hulls is not None:
+            ctx.fail(f"{key}.size_jitter", "no size_jitter with shape: convex (variants give hulls of different "
+                                           "shapes and sizes)", have_got=False)
         rand_orient = _bool(ctx, f"{key}.random_orientation", g.get("random_orientation", True))
         bound = max(r or 0.0, float(np.linalg.norm(h)) if h is not None else 0.0)
         if shape_name == "capsule":
             bound = cap_half[1]
+        if hulls is not None:
+            bound = max(hr for (_, hr, _, _) in hulls)
         cell = 2.0 * bound * 1.05
         dims = np.maximum(1, np.floor((hi - lo) / cell).astype(np.int64))
         slots = int(np.prod(dims))
@@ -187,6 +324,16 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
             q /= np.linalg.norm(q, axis=1, keepdims=True)
         else:
             q = np.tile(axis if shape_name == "capsule" else ident, (count, 1))
+        if hulls is not None:
+            which = rng.integers(len(hulls), size=count)
+            index = np.array([hx for (hx, _, _, _) in hulls], np.int32)[which]
+            radius = np.array([hr for (_, hr, _, _) in hulls])[which]
+            half = np.array([hh for (_, _, hh, _) in hulls])[which]
+            axes = np.array([ha for (_, _, _, ha) in hulls])[which]
+            q = np.array([quat_mul(q[k], axes[k]) for k in range(count)]) if rand_orient else axes
+            acc.add_many(np.full(count, SHAPE_CONVEX), radius, half, pos, q, np.tile(vel, (count, 1)),
+                         np.tile(omega, (count, 1)), mat, np.full(count, fixed), hull=index)
+            return
         if shape_name == "capsule":
             acc.add_many(np.full(count, SHAPE_CAPSULE), r * scale, np.asarray(cap_half)[None] * scale[:, None], pos, q,
                          np.tile(vel, (count, 1)), np.tile(omega, (count, 1)), mat, np.full(count, fixed))
@@ -199,13 +346,13 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
                      np.tile(vel, (count, 1)), np.tile(omega, (count, 1)), mat, np.full(count, fixed))
         return
 
-    shape, r, h, axis = shape_size(ctx, key, g)
+    shape, r, h, axis, hull, _com = shape_size(ctx, key, g, acc)
     if "material" not in g:
         ctx.fail(f"{key}.material", "this key", have_got=False)
     mat = material_index[_material(ctx, f"{key}.material", g["material"], names)]
     ext = _rotated_extent(h, axis)  # half size along world x, y, z (spheres: r, r, r)
     ident = list(axis)   # (a capsule's axis turned into place; the identity for the other shapes)
-    bound = r if shape == SHAPE_SPHERE else (h[1] if shape == SHAPE_CAPSULE else float(np.linalg.norm(h)))
+    bound = r if shape in (SHAPE_SPHERE, SHAPE_CONVEX) else (h[1] if shape == SHAPE_CAPSULE else float(np.linalg.norm(h)))
 
     if kind == "grid":
         count = _vec(ctx, f"{key}.count", g.get("count"), 3, positive=True, integer=True)
@@ -225,7 +372,7 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
                     if jitter:
                         p = p + rng.uniform(-jitter, jitter, 3)
                     q = _random_quat(rng) if rand_orient else ident
-                    acc.add(shape, r, h, p.tolist(), q, vel, omega, mat, fixed)
+                    acc.add(shape, r, h, p.tolist(), q, vel, omega, mat, fixed, hull=hull)
     elif kind == "stack":
         count = _num(ctx, f"{key}.count", g.get("count"), integer=True, low=1)
         ctx.take_bodies(f"{key}.count", count)
@@ -234,7 +381,7 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
         # origin is the bottom centre of the stack (on the floor when origin.y = 0).
         for k in range(count):
             p = origin + np.array([0.0, ext[1] + k * (2 * ext[1] + gap), 0.0])
-            acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
+            acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed, hull=hull)
     elif kind == "pyramid":
         levels = _num(ctx, f"{key}.levels", g.get("levels"), integer=True, low=1)
         origin = np.asarray(_vec(ctx, f"{key}.origin", g.get("origin", [0, 0, 0])), np.float64)
@@ -261,4 +408,4 @@ def expand_generator(ctx, key, g, acc, material_index, rng):
                     for c in range(n):
                         x = (c - (n - 1) / 2.0) * w
                         p = o + np.array([x, ext[1] + k * 2 * ext[1], 0.0])
-                        acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed)
+                        acc.add(shape, r, h, p.tolist(), ident, vel, omega, mat, fixed, hull=hull)

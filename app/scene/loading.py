@@ -25,7 +25,7 @@ from app.errors import UserError
 from app.scene import yamlio
 from app.scene.generators import Bodies, expand_generator, quat_mul, shape_size
 from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
-                              Ctx, Scene, body_mass_properties, bodies_pinned, bool_ as _bool,
+                              Ctx, Scene, body_mass_properties, bodies_pinned, quat_matrices, bool_ as _bool,
                               check_keys as _check_keys, limit,
                               mapping as _mapping, material as _material, num as _num, quat as _quat, str_ as _str,
                               vec as _vec)
@@ -190,7 +190,7 @@ def validate(data: dict, path="<dict>") -> Scene:
         else:
             _check_keys(ctx, key, b, BODY_KEYS, required=("shape", "position", "material"))
             ctx.take_bodies(key, 1)
-            shape, r, h, axis = shape_size(ctx, key, b)
+            shape, r, h, axis, hull, com = shape_size(ctx, key, b, acc)
             pos = _vec(ctx, f"{key}.position", b["position"])
             vel = _vec(ctx, f"{key}.velocity", b.get("velocity", [0, 0, 0]))
             omega = _vec(ctx, f"{key}.angular_velocity", b.get("angular_velocity", [0, 0, 0]))
@@ -204,14 +204,16 @@ def validate(data: dict, path="<dict>") -> Scene:
             pivot = _vec(ctx, f"{key}.pivot", b.get("pivot", pos))
             if kinematic:   # the row holds the centre's velocity; `velocity` is the pivot's
                 vel = (np.asarray(vel) + np.cross(omega, np.asarray(pos) - np.asarray(pivot))).tolist()
-            acc.add(shape, r, h, pos,
-                    quat_mul(_quat(ctx, f"{key}.orientation", b.get("orientation", [1, 0, 0, 0])), axis),
+            q_user = _quat(ctx, f"{key}.orientation", b.get("orientation", [1, 0, 0, 0]))
+            if hull >= 0:   # the body's state is its centre of mass: position names its vertices' origin
+                pos = (np.asarray(pos) + quat_matrices(q_user)[0] @ com).tolist()
+            acc.add(shape, r, h, pos, quat_mul(q_user, axis),
                     vel, omega, material_index[_material(ctx, f"{key}.material", b["material"], names)], fixed,
-                    kinematic=kinematic, pivot=pivot)
+                    kinematic=kinematic, pivot=pivot, hull=hull)
     bodies = acc.arrays()
     if bodies["shape"].shape[0] == 0:
         ctx.fail("bodies", "at least one body", bodies_raw)
-    _check_mass(ctx, bodies, materials, ends)
+    _check_mass(ctx, bodies, materials, ends, acc.hulls)
 
     camera = data.get("camera")
     if camera is not None:
@@ -224,13 +226,14 @@ def validate(data: dict, path="<dict>") -> Scene:
         if "fov" in camera:
             camera["fov"] = _num(ctx, "camera.fov", camera["fov"], positive=True, high=179)
     return Scene(path=str(path), name=name, description=description, sim=sim, materials=materials,
-                 material_index=material_index, statics=statics, bodies=bodies, camera=camera, raw=data)
+                 material_index=material_index, statics=statics, bodies=bodies, camera=camera, raw=data,
+                 hulls=acc.hulls)
 
 
-def _check_mass(ctx, bodies, materials, ends):
+def _check_mass(ctx, bodies, materials, ends, hulls):
     """Every moving body's mass and moments of inertia within MASS_RANGE (a density of 1e308, or a radius of 1e30,
     would give an infinite mass in the solver's float32)."""
-    mass, _, _, inertia = body_mass_properties(bodies, materials)
+    mass, _, _, inertia = body_mass_properties(bodies, materials, hulls)
     low, high = MASS_RANGE
     with np.errstate(invalid="ignore"):
         within = ((mass >= low) & (mass <= high)) & ((inertia >= low) & (inertia <= high)).all(1)

@@ -15,7 +15,10 @@ SHAPE_BOX = 1
 # Its row stores radius = the capsule's radius and half_extents = (radius, half_length + radius, radius), its local
 # bounding box, as a box's half_extents are.
 SHAPE_CAPSULE = 2
-SHAPES = {"sphere": SHAPE_SPHERE, "box": SHAPE_BOX, "capsule": SHAPE_CAPSULE}
+# A convex hull (app.scene.hull): the Scene's hulls[hull] in the body's frame (centre of mass at the origin, principal
+# axes along x, y, z). Its row stores radius = its bounding radius and half_extents = its local bounding box.
+SHAPE_CONVEX = 3
+SHAPES = {"sphere": SHAPE_SPHERE, "box": SHAPE_BOX, "capsule": SHAPE_CAPSULE, "convex": SHAPE_CONVEX}
 # Which local axis a capsule's segment lies along (`axis:`): the rotation (w, x, y, z) that takes local y there,
 # applied before the body's orientation.
 CAPSULE_AXES = {"y": (1.0, 0.0, 0.0, 0.0), "x": (math.sqrt(0.5), 0.0, 0.0, -math.sqrt(0.5)),
@@ -52,14 +55,14 @@ MATERIAL_KEYS = {"density": 1000.0, "friction": 0.5, "restitution": 0.1}
 
 
 TOP_KEYS = {"name", "description", "sim", "materials", "static", "bodies", "camera"}
-BODY_KEYS = {"shape", "radius", "half_extents", "half_length", "axis", "position", "velocity", "angular_velocity",
+BODY_KEYS = {"shape", "radius", "half_extents", "half_length", "axis", "vertices", "mesh", "position", "velocity", "angular_velocity",
              "orientation", "material", "fixed", "kinematic", "pivot"}
-GEN_COMMON = {"generate", "shape", "radius", "half_extents", "half_length", "axis", "material", "velocity",
-              "angular_velocity", "fixed"}
+GEN_COMMON = {"generate", "shape", "radius", "half_extents", "half_length", "axis", "vertices", "mesh", "material",
+              "velocity", "angular_velocity", "fixed"}
 GEN_KEYS = {
     "grid": GEN_COMMON | {"count", "origin", "spacing", "jitter", "random_orientation"},
     "random": GEN_COMMON | {"count", "min", "max", "box_fraction", "size_jitter", "materials",
-                            "random_orientation"},
+                            "random_orientation", "hull_points", "variants"},
     "pyramid": GEN_COMMON | {"levels", "origin", "gap", "copies", "copy_spacing"},
     "stack": GEN_COMMON | {"count", "origin", "gap"},
 }
@@ -157,7 +160,9 @@ class Scene:
             angular_velocity (N,3) rad/s, material (N,) int32, fixed (N,) bool, kinematic (N,) bool (it moves as
             its velocity and angular velocity say, rigidly about its pivot, whatever touches it), pivot (N,3) m
             (the point its angular velocity turns it about, at the start; its position if none was given). A
-            kinematic body's velocity row is its centre's: the pivot's velocity + w x (position - pivot).
+            kinematic body's velocity row is its centre's: the pivot's velocity + w x (position - pivot). hull (N,)
+            int32: a convex body's index into `hulls` (-1 for the other shapes); its position is its centre of mass.
+        hulls: list of app.scene.hull.Hull, the distinct convex shapes (bodies with equal hulls share one).
         camera: dict or None.
         raw: the validated mapping (after overrides), for metrics and batch tooling.
     """
@@ -172,6 +177,7 @@ class Scene:
     bodies: dict
     camera: dict | None = None
     raw: dict = field(default_factory=dict)
+    hulls: list = field(default_factory=list)
 
     @property
     def body_count(self) -> int:
@@ -182,7 +188,7 @@ class Scene:
         that tiny bodies are not allowed to sink a large fraction of their size."""
         s = dict(self.sim)
         sizes = body_bounding_radius(self.bodies)
-        smallest = float(np.min(_smallest_extent(self.bodies))) if sizes.size else 0.1
+        smallest = float(np.min(smallest_extent(self.bodies, self.hulls))) if sizes.size else 0.1
         if s["slop"] is None:
             s["slop"] = min(5e-4, 0.005 * smallest)
         if s["contact_margin"] is None:
@@ -190,18 +196,25 @@ class Scene:
         return s
 
 
-def _smallest_extent(bodies):
-    """Each body's smallest half size (m): a sphere's or capsule's radius, a box's smallest half extent."""
-    return np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"], bodies["half_extents"].min(axis=1))
+def smallest_extent(bodies, hulls=()):
+    """Each body's smallest half size (m): a sphere's or capsule's radius, a box's smallest half extent, a convex
+    hull's distance from its centre of mass to its nearest face."""
+    out = np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"], bodies["half_extents"].min(axis=1))
+    convex = np.flatnonzero(bodies["shape"] == SHAPE_CONVEX)
+    if convex.size:
+        inradius = np.array([h.inradius for h in hulls], np.float64)
+        out = out.astype(np.float64)
+        out[convex] = inradius[bodies["hull"][convex]]
+    return out
 
 
 def body_bounding_radius(bodies) -> np.ndarray:
     """Radius (m) of each body's bounding sphere: r for spheres, |half_extents| for boxes, half_length + r for
-    capsules."""
+    capsules, the farthest vertex for convex hulls (their radius row)."""
     shape = bodies["shape"]
     h = bodies["half_extents"]
-    return np.select([shape == SHAPE_SPHERE, shape == SHAPE_CAPSULE],
-                     [bodies["radius"], h[:, 1]], np.linalg.norm(h, axis=1)).astype(np.float64)
+    return np.select([shape == SHAPE_SPHERE, shape == SHAPE_CAPSULE, shape == SHAPE_CONVEX],
+                     [bodies["radius"], h[:, 1], bodies["radius"]], np.linalg.norm(h, axis=1)).astype(np.float64)
 
 
 # A body's mass (kg) and principal moments of inertia (kg m^2) must lie in this range: the solver works in float32
@@ -225,10 +238,11 @@ def bodies_pinned(bodies) -> np.ndarray:
     return fixed | np.asarray(bodies.get("kinematic", np.zeros_like(fixed)), bool)
 
 
-def body_mass_properties(bodies, materials):
+def body_mass_properties(bodies, materials, hulls=()):
     """(mass kg (N,), inverse mass 1/kg (N,), body-frame inverse inertia diagonal 1/(kg m^2) (N,3), inertia diagonal
-    kg m^2 (N,3)) from shape and density; fixed bodies get zero inverse mass and inertia. In float64: a value out of
-    MASS_RANGE (validate refuses it) comes out as it is, inf included, without a warning."""
+    kg m^2 (N,3)) from shape and density (convex bodies: their hull's volume and principal moments, `hulls`); fixed
+    bodies get zero inverse mass and inertia. In float64: a value out of MASS_RANGE (validate refuses it) comes out
+    as it is, inf included, without a warning."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         dens = np.asarray([m["density"] for m in materials], np.float64)[bodies["material"]]
         r = bodies["radius"]
@@ -250,7 +264,13 @@ def body_mass_properties(bodies, materials):
         axial = m_cyl * rc ** 2 / 2.0 + m_ball * 0.4 * rc ** 2
         across = m_cyl * (rc ** 2 / 4.0 + (2.0 * sc) ** 2 / 12.0) + m_ball * (0.4 * rc ** 2 + sc ** 2 + 0.75 * sc * rc)
         inertia[capsule] = np.stack([across, axial, across], 1)
-        bx = ~(sphere | capsule)
+        convex = bodies["shape"] == SHAPE_CONVEX
+        if convex.any():
+            which = bodies["hull"][convex]
+            vol[convex] = np.array([hl.volume for hl in hulls], np.float64)[which]
+            mass = dens * vol
+            inertia[convex] = dens[convex, None] * np.array([hl.inertia for hl in hulls], np.float64)[which]
+        bx = ~(sphere | capsule | convex)
         hx, hy, hz = h[bx, 0], h[bx, 1], h[bx, 2]
         m = mass[bx]
         inertia[bx] = np.stack([m / 3 * (hy * hy + hz * hz), m / 3 * (hx * hx + hz * hz), m / 3 * (hx * hx + hy * hy)],

@@ -33,20 +33,25 @@ from app.sim.state import asleep_by_time, moves_itself
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
-# box-plane, 2 box-box and every pair with a capsule (pair_class).
+# box-plane, 2 box-box and every pair with a capsule, 3 every pair with a convex hull (pair_class). Class 3 exists
+# only in a Grid made with hull_class (a scene with convex bodies): the others pay nothing for it.
 PAIR_CLASSES = 3
-# Classes whose pairs the narrowphase first packs densely (the costly geometry: box-sphere/box-plane and
-# box-box): walked through the pairs VLA's flat slots, their threads met empty slots and other classes' pairs.
+HULL_CLASS = 3
+# Classes whose pairs the narrowphase first packs densely (the costly geometry: box-sphere/box-plane, box-box and
+# hulls): walked through the pairs VLA's flat slots, their threads met empty slots and other classes' pairs.
 COMPACT_CLASSES = (1, 2)
 
 
 @ti.func
-def pair_class(shape_a, shape_b):
-    """Pair class of bodies of shapes shape_a and shape_b (app.scene.schema.SHAPES: sphere 0, box 1, capsule 2), or
-    of a body of shape_a with a plane (shape_b = 0): the number of boxes, and a capsule counts as two. Capsules are
-    rare beside the spheres and boxes of large scenes, so they share the costly class rather than add a list per
-    body."""
-    return ti.min(shape_a + shape_b, 2)
+def pair_class(grid: ti.template(), shape_a, shape_b):
+    """Pair class of bodies of shapes shape_a and shape_b (app.scene.schema.SHAPES: sphere 0, box 1, capsule 2,
+    convex 3), or of a body of shape_a with a plane (shape_b = 0): the number of boxes, and a capsule counts as two;
+    any pair with a hull is class 3. Capsules are rare beside the spheres and boxes of large scenes, so they share the
+    costly class rather than add a list per body."""
+    c = ti.min(shape_a + shape_b, 2)
+    if ti.static(grid.pair_classes > HULL_CLASS):
+        c = ti.select(shape_a == HULL_CLASS or shape_b == HULL_CLASS, HULL_CLASS, c)
+    return c
 
 
 @ti.func
@@ -207,7 +212,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     position t against every large body, listed under t; two large bodies, under the one of lower index."""
     n = model.body_count[None]
     for t in range(n):  # lists from n on stay empty: Grid.reset() empties all of them when a scene loads
-        for c in ti.static(range(PAIR_CLASSES)):
+        for c in ti.static(range(grid.pair_classes)):
             grid.pairs.clear(grid.pair_list(c, t))
     cs = model.grid_cell_size[None]
     margin = model.contact_margin[None]
@@ -227,7 +232,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             for k in range(model.plane_count[None]):
                 # no point of the body can be deeper than its bounding sphere
                 if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -ti.max(margin, reach_i):
-                    grid.pairs.append(grid.pair_list(pair_class(shape_i, 0), t), -1 - k)
+                    grid.pairs.append(grid.pair_list(pair_class(grid, shape_i, 0), t), -1 - k)
         c = grid_cell_of(pi_, cs)
         # Half the neighbourhood: the own cell (pairs j > i) and the 13 cells whose offset (dz, dy, dx) is
         # lexicographically positive (all their bodies). A pair in two different cells is seen from exactly
@@ -246,7 +251,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                     if fixed_i:   # (a branch: Taichi evaluates both sides of `and`)
                         ok = model.body_inv_mass[j] != 0.0
                     if ok:
-                        grid.pairs.append(grid.pair_list(pair_class(shape_i, model.body_shape[j]), t), j)
+                        grid.pairs.append(grid.pair_list(pair_class(grid, shape_i, model.body_shape[j]), t), j)
     for t, q in ti.ndrange(n, grid.large_count[None]):
         i = grid.body_order[t]
         big = grid.large_ids[q]
@@ -258,7 +263,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
             if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
                     ti.max(margin, grid.body_reach[i] + grid.body_reach[big]):
                 if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
-                    grid.pairs.append(grid.pair_list(pair_class(model.body_shape[i], model.body_shape[big]), t), big)
+                    grid.pairs.append(grid.pair_list(pair_class(grid, model.body_shape[i], model.body_shape[big]), t), big)
 
 
 @ti.data_oriented
@@ -270,13 +275,12 @@ class Grid:
     body_order: i32 (body_capacity,): body indices sorted by bucket (Z-order); body_bucket, body_slot: each
         body's bucket and its index in that bucket's list; bucket_start: i32 (table_size + 1,), first
         position of each bucket in body_order. Valid after build() until the bodies move.
-    pairs: vla.VLA(PAIR_CLASSES * body_capacity, ti.i32): candidate pairs per pair class and order position,
-        list pair_list(c, t) = c * body_capacity + t (kernel_candidate_pairs). Class c = the number of boxes
-        in the pair (a plane counts as a sphere): 0 sphere-sphere / sphere-plane, 1 sphere-box / box-plane,
-        2 box-box.
+    pairs: vla.VLA(pair_classes * body_capacity, ti.i32): candidate pairs per pair class and order position,
+        list pair_list(c, t) = c * body_capacity + t (kernel_candidate_pairs), class c = pair_class(...).
+    pair_classes: PAIR_CLASSES, one more with hull_class; compact_classes: the classes packed densely.
     """
 
-    def __init__(self, body_capacity: int):
+    def __init__(self, body_capacity: int, hull_class: bool = False):
         import numpy as np
 
         from vla import VLA
@@ -316,15 +320,18 @@ class Grid:
         # Candidate pairs per order position: ~6 in a settled pile (half of ~12 neighbours, plus the floor),
         # ~2 per class list: 2 inline and 4-element chunks; the pool starts with room for two more per body.
         self.pair_stride = n
-        self.pairs = VLA(PAIR_CLASSES * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
+        self.pair_classes = PAIR_CLASSES + (1 if hull_class else 0)
+        self.compact_classes = COMPACT_CLASSES + ((HULL_CLASS,) if hull_class else ())
+        self.pairs = VLA(self.pair_classes * n, ti.i32, inline_capacity=2, chunk_size=4, reserve=2 * n,
                          name="candidate_pairs")
-        # The narrowphase packs the pairs of the classes in COMPACT_CLASSES densely, class by class in
+        # The narrowphase packs the pairs of the classes in compact_classes densely, class by class in
         # Z-order (see app.sim.narrowphase.kernel_narrowphase): compact_start is the exclusive prefix sum of the
         # readable pairs of their lists (contiguous: classes 1 and 2, each pair_stride lists; lists of order
-        # positions >= body_count are empty), so list pair_list(COMPACT_CLASSES[k], t) starts at entry
+        # positions >= body_count are empty), so list pair_list(compact_classes[k], t) starts at entry
         # compact_start[k * pair_stride + t] of compact_pairs (an ndarray of (t, j), sized on the host).
-        assert list(COMPACT_CLASSES) == list(range(COMPACT_CLASSES[0], COMPACT_CLASSES[0] + len(COMPACT_CLASSES)))
-        n_compact_lists = len(COMPACT_CLASSES) * n
+        cc = self.compact_classes
+        assert list(cc) == list(range(cc[0], cc[0] + len(cc)))
+        n_compact_lists = len(cc) * n
         self.compact_start = ti.field(ti.i32, n_compact_lists + 1)
         self.compact_scan_scratch = ti.field(ti.i32, scan_scratch_size(n_compact_lists))
         self.compact_pairs = None
@@ -335,7 +342,7 @@ class Grid:
         slots or the pool), so this bound holds until the pairs VLA's pool changes size: at a commit (or a
         reserve/from_csr/trim), never inside the launch that runs the candidate pairs and the narrowphase;
         find_contacts checks it before every attempt of that launch."""
-        return len(COMPACT_CLASSES) * n * self.pairs.inline_capacity + \
+        return len(self.compact_classes) * n * self.pairs.inline_capacity + \
             (self.pairs.slot_capacity - self.pairs.num_arrays * self.pairs.inline_capacity)
 
     def ensure_compact_pairs(self, n: int):

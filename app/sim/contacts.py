@@ -70,7 +70,7 @@ SECOND_COPY = 1 << 30
 # order in both (the narrowphase appends them with append_n), and are solved one after the other
 # (app.sim.solver.solve_iteration). Each record says where in its pair it sits: its rank (0 .. count - 1) and
 # the pair's count, in the two 2-bit fields above the feature id.
-FEATURE_ID_BITS = 8
+FEATURE_ID_BITS = 24
 RANK_SHIFT = FEATURE_ID_BITS
 COUNT_SHIFT = FEATURE_ID_BITS + 2
 FEATURE_KEY_MASK = SECOND_COPY | ((1 << FEATURE_ID_BITS) - 1)

@@ -74,7 +74,8 @@ def plane_rows(statics, bounding_radius_max: float):
 
 # The Model's per-body fields: what store_in_order moves.
 BODY_FIELDS = ("body_shape", "body_radius", "body_half_extents", "body_mass", "body_inv_mass", "body_inv_inertia",
-               "body_material", "body_id", "body_kinematic", "body_kin_pivot", "body_kin_velocity", "body_kin_omega")
+               "body_material", "body_id", "body_kinematic", "body_kin_pivot", "body_kin_velocity", "body_kin_omega",
+               "body_hull")
 
 
 @ti.kernel
@@ -102,6 +103,9 @@ class Model:
         body_kinematic: i32, 1 for a kinematic body (zero inverse mass and inertia, as a fixed body, but moving):
             it turns at body_kin_omega (rad/s, world) about the point body_kin_pivot (m, in its own frame), which
             moves at body_kin_velocity (m/s), whatever touches it (app.sim.integrator.kinematic_step).
+        body_hull: i32, a convex body's hull in `hulls` (its scene hull index + 1; 0 for the other shapes).
+    hulls: app.sim.convex.HullTable of hull_capacity hulls (hull 0 the unit cube), or None when hull_capacity is 0
+        (a Model for scenes without convex bodies: the narrowphase then compiles no hull code).
     Materials, shape (material_capacity,): material_friction (Coulomb mu), material_restitution (e),
         material_density kg/m^3 (informational after load: masses are computed at load).
     Planes (static half-spaces), shape (plane_capacity,): plane_normal (unit vec3, pointing out of the
@@ -115,8 +119,10 @@ class Model:
         bounding radius are large: app.sim.broadphase finds their pairs apart from the grid).
     """
 
-    def __init__(self, body_capacity: int, material_capacity: int = 64, plane_capacity: int = 32):
+    def __init__(self, body_capacity: int, material_capacity: int = 64, plane_capacity: int = 32,
+                 hull_capacity: int = 0):
         self.body_capacity = int(body_capacity)
+        self.hull_capacity = int(hull_capacity)
         self.material_capacity = int(material_capacity)
         self.plane_capacity = int(plane_capacity)
         n = self.body_capacity
@@ -132,6 +138,12 @@ class Model:
         self.body_kin_pivot = ti.Vector.field(3, ti.f32, n)
         self.body_kin_velocity = ti.Vector.field(3, ti.f32, n)
         self.body_kin_omega = ti.Vector.field(3, ti.f32, n)
+        self.body_hull = ti.field(ti.i32, n)
+        self.hulls = None
+        if self.hull_capacity:
+            from app.sim.convex import HullTable
+
+            self.hulls = HullTable(self.hull_capacity)
         m = self.material_capacity
         self.material_friction = ti.field(ti.f32, m)
         self.material_restitution = ti.field(ti.f32, m)
@@ -161,6 +173,12 @@ class Model:
         self.host_body_count = 0   # body_count[None] on the host (reading the field would sync the device)
 
 
+def hull_capacity_for(hull_count: int) -> int:
+    """Hulls a Model needs for a scene of `hull_count` distinct hulls: 0 without convex bodies, else room for the unit
+    cube and them (at least 16, so that a scene with a few more hulls reuses the Model)."""
+    return 0 if not hull_count else max(16, 1 << int(hull_count).bit_length())
+
+
 # Runtime parameters: the sim keys a Model holds in 0-d fields of the same name.
 PARAM_KEYS = ("gravity", "restitution_threshold", "slop", "contact_margin", "position_correction", "warm_start",
               "max_speed", "penetration_limit", "sleep_speed", "sleep_time")
@@ -185,6 +203,7 @@ class ModelBuilder:
         self.params["gravity"] = [float(x) for x in sim["gravity"]]
         self.large_body_factor = float(sim.get("large_body_factor", LARGE_RADIUS_FACTOR))
         self.materials = [dict(m) for m in scene.materials]
+        self.hulls = list(scene.hulls)
         self.statics = [dict(x) for x in scene.statics]
         # the walls' reach is sized from the scene's own bodies (bodies added later do not move the walls)
         self.plane_rows = plane_rows(scene.statics, float(body_bounding_radius(scene.bodies).max()))
@@ -199,7 +218,7 @@ class ModelBuilder:
     def add_bodies(self, bodies):
         """Append body rows (a validated Scene's bodies: shape, radius, half_extents, material, fixed; positions and
         velocities belong to the State) after the others, with their mass properties."""
-        mass, inv_mass, inv_inertia, _ = body_mass_properties(bodies, self.materials)
+        mass, inv_mass, inv_inertia, _ = body_mass_properties(bodies, self.materials, self.hulls)
         count = len(bodies["shape"])
         kinematic = np.asarray(bodies.get("kinematic", np.zeros(count, bool)), bool)
         kin = {name: np.zeros((count, 3)) for name in ("kin_pivot", "kin_velocity", "kin_omega")}
@@ -215,7 +234,8 @@ class ModelBuilder:
             kin["kin_omega"][k] = omega
         new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
                "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
-               "fixed": bodies["fixed"], "kinematic": kinematic, **kin}
+               "fixed": bodies["fixed"], "kinematic": kinematic,
+               "hull": np.asarray(bodies.get("hull", np.full(count, -1)), np.int32) + 1, **kin}
         for key, arr in new.items():
             arr = np.asarray(arr)
             self.bodies[key] = arr.copy() if key not in self.bodies else np.concatenate([self.bodies[key], arr], 0)
@@ -228,13 +248,18 @@ class ModelBuilder:
         """Bodies whose bounding radius exceeds grid_radius(): the broadphase pairs them apart from the grid."""
         return int((self.bodies["radius"].astype(np.float32) > np.float32(self.grid_radius())).sum())
 
+    def hull_capacity(self) -> int:
+        """Hulls a Model needs for this definition (hull_capacity_for)."""
+        return hull_capacity_for(len(self.hulls))
+
     def fits(self, model: Model) -> bool:
         return (self.body_count <= model.body_capacity and len(self.materials) <= model.material_capacity
-                and len(self.plane_rows) <= model.plane_capacity)
+                and len(self.plane_rows) <= model.plane_capacity
+                and (not self.hulls or len(self.hulls) + 1 <= model.hull_capacity))
 
     def finalize(self, body_capacity: int | None = None, order=None) -> Model:
         """A new Model of body_capacity (default: the body count) holding this definition (see write)."""
-        model = Model(max(int(body_capacity or 0), self.body_count))
+        model = Model(max(int(body_capacity or 0), self.body_count), hull_capacity=self.hull_capacity())
         self.write(model, order)
         return model
 
@@ -248,6 +273,8 @@ class ModelBuilder:
         self.write_params(model)
         self.write_materials(model)
         self._write_planes(model)
+        if model.hulls is not None:
+            model.hulls.write(self.hulls)
         self.write_bodies(model, order)
 
     def write_params(self, model: Model):
@@ -367,6 +394,7 @@ class ModelBuilder:
         model.body_kin_pivot.from_numpy(stored(b["kin_pivot"], np.float32))
         model.body_kin_velocity.from_numpy(stored(b["kin_velocity"], np.float32))
         model.body_kin_omega.from_numpy(stored(b["kin_omega"], np.float32))
+        model.body_hull.from_numpy(stored(b["hull"], np.int32))
         model.body_count[None] = n
         model.host_body_count = n
         r_grid = self.grid_radius()

@@ -22,14 +22,15 @@ from vla import launch
 from vla.scan import exclusive_scan
 
 from app.sim.diagnostics import record_penetration
-from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_SPHERE
-from app.sim.broadphase import COMPACT_CLASSES, kernel_candidate_pairs
+from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
+from app.sim.broadphase import HULL_CLASS, kernel_candidate_pairs
 from app.sim.capsule import (PARALLEL_SIN, box_closest, capsule_segment, clip_segment_to_face, closest_on_segment,
                              segment_box_deepest, segments_closest)
+from app.sim.convex import collide_capsule_poly, collide_hull_plane, collide_poly_sphere, collide_polytopes
 from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal, feature_key, with_place
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
-from app.sim.model import NO_CLIP
+from app.sim.manifold import EDGE_ABS_TOL, EDGE_REL_TOL, manifold_add, manifold_empty, plane_accepts
 from app.sim.state import asleep_by_time, moves_itself
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -38,11 +39,6 @@ vec3 = ti.types.vector(3, ti.f32)
 # Box-box: 16 * axis code + clipped-vertex index (axis code 0-2 faces of the pair's first body, the lower
 # body id, 3-5 faces of the other, 6-14 edge pairs); the second body's copy adds app.sim.contacts.SECOND_COPY.
 FEATURE_STRIDE = 16
-# Prefer a face axis over an edge axis unless the edge separates clearly more: relative and absolute
-# tolerances (fractions of the separation / of the smallest half extent). Without the bias, nearly
-# parallel resting boxes flip between face and edge manifolds from step to step.
-EDGE_REL_TOL = 0.95
-EDGE_ABS_TOL = 0.01
 
 
 @ti.func
@@ -70,47 +66,6 @@ def _find_key(lists: ti.template(), lp, other, feature):
         hit = lists.get_member(lp, q, "other") == other and feature_key(lists.get_member(lp, q, "feature")) == feature
         found = ti.select(found < 0 and hit, q, found)
     return found
-
-
-Manifold = ti.types.struct(count=ti.i32, normal=vec3, point=ti.types.matrix(4, 3, ti.f32),
-                           depth=ti.types.vector(4, ti.f32), feature=ti.types.vector(4, ti.i32), size=ti.f32)
-"""Up to 4 contact points sharing one normal. For pairs the normal points from body i towards body j; for
-planes it is the plane normal. Every collide_* function fills one; a single emit loop per kernel appends
-them, so the storage's append is inlined in few places (compile time). size (m): the smaller half-size of the
-pair (sphere radius, a box's smallest half extent), which penetration is measured against (diagnostics);
-_pair_manifold sets it from the sizes it loaded anyway."""
-
-
-@ti.func
-def manifold_empty():
-    return Manifold(count=0, normal=vec3(0.0, 1.0, 0.0), point=ti.Matrix.zero(ti.f32, 4, 3),
-                    depth=ti.Vector.zero(ti.f32, 4), feature=ti.Vector.zero(ti.i32, 4), size=1.0)
-
-
-@ti.func
-def manifold_add(m: ti.template(), point, depth, feature):
-    if m.count < 4:
-        for d in ti.static(range(3)):
-            m.point[m.count, d] = point[d]
-        m.depth[m.count] = depth
-        m.feature[m.count] = feature
-        m.count += 1
-
-
-@ti.func
-def plane_accepts(model: ti.template(), k, point, depth, centre_behind, radius):
-    """Container walls: only points below the top and not deeper than the wall's thickness, and only while the
-    body's centre is less than half its bounding radius `radius` behind the wall plane (centre_behind m,
-    positive behind). A body whose centre is further behind came from outside, over the top: it is left
-    there rather than pushed back in through the wall (the thickness alone, 4 of the largest bounding radii, let
-    a body that came down just outside a wall be pushed in through it: default.yaml, 370 mm "deep"). From inside,
-    a centre crosses the plane only after a penetration deeper than the body's radius, far more than a body
-    moves in a step. Planes that are not walls (floors, ramps) have no thickness: what sinks into them is always
-    pushed out."""
-    ok = (depth <= model.plane_thickness[k]) and (model.plane_clip_normal[k].dot(point) <= model.plane_clip_offset[k])
-    if model.plane_thickness[k] < NO_CLIP:
-        ok = ok and centre_behind < 0.5 * radius
-    return ok
 
 
 @ti.func
@@ -303,6 +258,65 @@ def capsule_pair_manifold(model: ti.template(), state: ti.template(), i, j, marg
     if c != i:
         m.normal = -m.normal
     m.size = ti.min(rc, ho.min())
+    return m
+
+
+@ti.func
+def _polytope_of(model: ti.template(), b):
+    """(hull, scale, smallest half size m) of body b as a polytope of model.hulls: its hull, or a box as the unit
+    cube (hull 0) scaled by its half extents."""
+    h = model.body_hull[b]
+    s = vec3(1.0)
+    size = 0.0
+    if model.body_shape[b] == SHAPE_CONVEX:
+        size = model.hulls.inradius[h]
+    else:
+        s = model.body_half_extents[b]
+        size = s.min()
+    return h, s, size
+
+
+@ti.func
+def hull_pair_manifold(model: ti.template(), state: ti.template(), i, j, margin):
+    """Manifold of body i (a convex hull when j < 0) with plane -1 - j, or of bodies i and j, one of them a hull (the
+    other any shape); normal from i towards j; size (m): the smaller half size of the two."""
+    m = manifold_empty()
+    if j < 0:
+        h = model.body_hull[i]
+        m = collide_hull_plane(model, model.hulls, h, state.body_pos[i], quat_to_mat(state.body_quat[i]),
+                               model.body_radius[i], -1 - j, margin)
+        m.size = model.hulls.inradius[h]
+    else:
+        c = i   # the hull (or, for two polytopes, the first)
+        o = j
+        if model.body_shape[i] != SHAPE_CONVEX:
+            c = j
+            o = i
+        hc, sc, size_c = _polytope_of(model, c)
+        pc = state.body_pos[c]
+        Rc = quat_to_mat(state.body_quat[c])
+        shape_o = model.body_shape[o]
+        ho = model.body_half_extents[o]
+        size = size_c
+        if shape_o == SHAPE_SPHERE:
+            m = collide_poly_sphere(model.hulls, hc, sc, pc, Rc, state.body_pos[o], ho[0], margin)
+            size = ti.min(size, ho[0])
+        elif shape_o == SHAPE_CAPSULE:
+            a, b = capsule_segment(state.body_pos[o], quat_to_mat(state.body_quat[o]), ho)
+            m = collide_capsule_poly(model.hulls, a, b, ho[0], hc, sc, pc, Rc, margin)
+            m.normal = -m.normal   # (from the capsule: now from the hull)
+            size = ti.min(size, ho[0])
+        else:
+            # two polytopes, in the pair's order (i first): feature ids name the first body's faces
+            hi, si, size_i = _polytope_of(model, i)
+            hj, sj, size_j = _polytope_of(model, j)
+            size = ti.min(size_i, size_j)
+            m = collide_polytopes(model.hulls, hi, si, state.body_pos[i], quat_to_mat(state.body_quat[i]), hj, sj,
+                                  state.body_pos[j], quat_to_mat(state.body_quat[j]), size, margin)
+            c = i
+        if c != i:
+            m.normal = -m.normal
+        m.size = size
     return m
 
 
@@ -581,8 +595,8 @@ def sphere_box_manifold(c, r, pb, R, h, margin, sphere_first: ti.template()):
 @ti.func
 def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls: ti.template()):
     """Manifold of body i with body j (or plane -1 - j when j < 0), a pair of the static class cls (0:
-    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box and every pair with a capsule; see
-    app.sim.broadphase.pair_class)."""
+    sphere-plane / sphere-sphere, 1: box-plane / sphere-box, 2: box-box and every pair with a capsule, 3: every pair
+    with a convex hull; see app.sim.broadphase.pair_class)."""
     pi_ = state.body_pos[i]
     m = manifold_empty()
     size = 1.0
@@ -610,6 +624,9 @@ def _pair_manifold(model: ti.template(), state: ti.template(), i, j, margin, cls
             hi = model.body_half_extents[i]
             size = ti.min(rj, hi.min())
             m = sphere_box_manifold(state.body_pos[j], rj, pi_, quat_to_mat(state.body_quat[i]), hi, margin, False)
+    elif ti.static(cls == HULL_CLASS):
+        m = hull_pair_manifold(model, state, i, j, margin)
+        size = m.size
     else:
         hi = model.body_half_extents[i]
         size = hi.min()
@@ -778,9 +795,9 @@ def _readable_pairs(grid: ti.template(), lst):
 @ti.func
 def _readable_compact_pairs(grid: ti.template(), j):
     """_readable_pairs of list j of the compacted classes' lists, which are contiguous: lists
-    pair_list(COMPACT_CLASSES[0], 0) + j, j < len(COMPACT_CLASSES) * pair_stride (class
-    COMPACT_CLASSES[j // pair_stride], order position j % pair_stride). An item of exclusive_scan."""
-    return _readable_pairs(grid, grid.pair_list(COMPACT_CLASSES[0], 0) + j)
+    pair_list(grid.compact_classes[0], 0) + j, j < len(grid.compact_classes) * pair_stride (class
+    grid.compact_classes[j // pair_stride], order position j % pair_stride). An item of exclusive_scan."""
+    return _readable_pairs(grid, grid.pair_list(grid.compact_classes[0], 0) + j)
 
 
 @ti.kernel
@@ -794,7 +811,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     compiled for its class's geometry only (one loop with a branch per class takes the registers, and so
     the occupancy, of its heaviest branch). Class 0 (spheres) walks the pairs VLA's flat slots: the inline
     slots of its lists (one range, in Z-order), then the pool's, keeping its own. The costly classes
-    (COMPACT_CLASSES: box-sphere/box-plane, box-box) are first packed densely into `compact`, (t, j) per
+    (grid.compact_classes: box-sphere/box-plane, box-box, hulls) are first packed densely into `compact`, (t, j) per
     pair, class by class in Z-order (one prefix sum over their lists gives each list its run): walked
     through the flat slots, their threads met empty slots and other classes' pairs (measured on the H200:
     5 of 32 lanes of a warp active in the box-box loop). The pairs are committed before this kernel runs
@@ -833,11 +850,11 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
                            grid.pairs.flat_value(s), 0)
     # the other classes: pack (one prefix sum over their lists, class after class, so each class's pairs
     # come out as one run of `compact`), then one dense loop per class
-    K = ti.static(len(COMPACT_CLASSES))
+    K = ti.static(len(grid.compact_classes))
     exclusive_scan(grid, _readable_compact_pairs, K * stride, grid.compact_scan_scratch, grid.compact_start)
     for t in range(n):
         for k in ti.static(range(K)):
-            lst = grid.pair_list(COMPACT_CLASSES[k], t)
+            lst = grid.pair_list(grid.compact_classes[k], t)
             first = grid.compact_start[k * stride + t]
             for q in range(_readable_pairs(grid, lst)):
                 compact[first + q] = ti.Vector([t, grid.pairs.get(lst, q)])
@@ -846,7 +863,7 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
         for e in range(ti.select(run, grid.compact_start[(k + 1) * stride] - lo, 0)):
             tj = compact[lo + e]
             _pair_contacts(model, state, grid, lists, base, prev_base, dt, diagnostics, contacts, margin, tj[0], tj[1],
-                           COMPACT_CLASSES[k])
+                           grid.compact_classes[k])
 
 
 def find_contacts(model, state, grid, contacts, diagnostics, dt: float, batch=None):

@@ -29,7 +29,7 @@ from app.sim.broadphase import Grid
 from app.sim.contacts import ContactSet, dynamic_pool_gb
 from app.sim.diagnostics import (NO_ERROR, READOUT_FIELDS, READOUT_FLOATS, Diagnostics, OverlapWatch,
                                   kernel_frame_readout, kernel_kinetic_energy)
-from app.sim.model import Model, ModelBuilder
+from app.sim.model import Model, ModelBuilder, hull_capacity_for
 from app.sim.narrowphase import find_contacts
 from app.sim.reorder import Reorder, resort_bodies, storage_order
 from app.sim.solver import JacobiSolver
@@ -153,12 +153,13 @@ class Simulation:
         Simulation keeps its old parts, whole."""
         _check_tree_room()
         capacity = int(capacity)
-        model = Model(capacity)
+        hulls = max(hull_capacity_for(len(scene.hulls)), getattr(getattr(self, "model", None), "hull_capacity", 0))
+        model = Model(capacity, hull_capacity=hulls)
         state = State(capacity)
         diagnostics = Diagnostics()
         contacts = ContactSet(self.contacts_kind, capacity, max_per_body=int(self._padded))
         solver = JacobiSolver(model, diagnostics, scene.sim["solver_iterations"])
-        grid = Grid(capacity)
+        grid = Grid(capacity, hull_class=hulls > 0)
         reorder = Reorder(capacity)
         # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
         batch = Batch(failed_at=contacts.failed_step)
@@ -537,12 +538,18 @@ class Simulation:
         return self.to_scene_order(self.contacts.lengths(self.body_count))
 
     def shapes(self) -> dict:
-        """shape (N,) int32 (0 sphere, 1 box), radius (N,) m (boxes: bounding radius), half_extents (N,3) m,
-        material (N,) int32, fixed (N,) bool, mass (N,) kg."""
+        """shape (N,) int32 (app.scene.schema.SHAPES), radius (N,) m (bounding radius), half_extents (N,3) m,
+        material (N,) int32, fixed (N,) bool, mass (N,) kg, hull (N,) int32 (a convex body's index in hulls(), -1
+        for the other shapes)."""
         h = self.builder.bodies
         return {"shape": h["shape"].astype(np.int32), "radius": h["radius"].astype(np.float32),
+                "hull": (h["hull"] - 1).astype(np.int32),
                 "half_extents": h["half_extents"].astype(np.float32), "material": h["material"].astype(np.int32),
                 "fixed": h["fixed"].astype(bool), "mass": h["mass"].astype(np.float32)}
+
+    def hulls(self) -> list:
+        """The scene's convex hulls (app.scene.hull.Hull, in their bodies' frames), as shapes()["hull"] indexes them."""
+        return self.builder.hulls
 
     def static_geometry(self) -> list:
         """The scene's static list as validated: dicts {type: plane, normal, offset, material} or

@@ -254,7 +254,8 @@ class InteractiveViewer:
         sim = self.sim
         if pressed and not (self.show_panel and cx < 0.01 + panel_width and cy > 0.14):
             shapes = sim.shapes()
-            b, s = picking.pick(o, d, sim.positions(), sim.orientations(), shapes["shape"], shapes["half_extents"])
+            b, s = picking.pick(o, d, sim.positions(), sim.orientations(), shapes["shape"], shapes["half_extents"],
+                                shapes["hull"], sim.hulls())
             self.selected = b
             if b is not None:
                 hit = o + s * d

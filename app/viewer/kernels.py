@@ -13,7 +13,7 @@ model.body_shape, model.body_material, the contact lists) and write only the vie
 """
 import taichi as ti
 
-from app.scene.schema import SHAPE_CAPSULE, SHAPE_SPHERE
+from app.scene.schema import SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
 from app.sim.contacts import first_copy, record_normal
 from app.sim.math3d import quat_to_mat
 from app.sim.state import asleep_by_time
@@ -167,3 +167,32 @@ def kernel_upload_poses(src_pos: ti.types.ndarray(dtype=vec3, ndim=1), src_quat:
     for i in range(body_count):
         body_pos[i] = src_pos[i]
         body_quat[i] = ti.Vector([src_quat[i, 0], src_quat[i, 1], src_quat[i, 2], src_quat[i, 3]], dt=ti.f32)
+
+
+@ti.kernel
+def kernel_hull_mesh(body_key: ti.template(), body_shape: ti.template(), body_hull: ti.template(),
+                     body_pos: ti.template(), body_quat: ti.template(), body_count: ti.i32,
+                     tri_start: ti.template(), tri_corner: ti.template(), tri_normal: ti.template(),
+                     bucket_color: ti.template(), buckets: ti.i32, vertex_count: ti.template(),
+                     out_v: ti.template(), out_n: ti.template(), out_c: ti.template()):
+    """Every convex body's hull triangles in world space, one mesh for all of them (each hull its own shape: no
+    instancing): 3 corners a triangle, flat normals, the body's bucket colour, packed in the first
+    vertex_count[None] entries (in no particular order)."""
+    vertex_count[None] = 0
+    for i in range(body_count):
+        if body_shape[i] == SHAPE_CONVEX:
+            h = body_hull[i]
+            t0 = tri_start[h]
+            nt = tri_start[h + 1] - t0
+            base = ti.atomic_add(vertex_count[None], 3 * nt)
+            if base + 3 * nt > out_v.shape[0]:
+                nt = 0   # (sized for the bodies at the last sync: never past the end)
+            R = quat_to_mat(body_quat[i])
+            p = body_pos[i]
+            c = bucket_color[body_key[i] % buckets]
+            for t in range(nt):
+                n = R @ tri_normal[t0 + t]
+                for k in ti.static(range(3)):
+                    out_v[base + 3 * t + k] = p + R @ tri_corner[3 * (t0 + t) + k]
+                    out_n[base + 3 * t + k] = n
+                    out_c[base + 3 * t + k] = c

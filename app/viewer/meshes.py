@@ -42,7 +42,7 @@ CONTACT_RAMP = np.array([
 ], np.float32)
 
 COLOR_BUCKETS = 16  # colour buckets per shape; >= len(MATERIAL_PALETTE), len(CONTACT_RAMP)
-SHAPE_KINDS = 3     # sphere, box, capsule (app.scene.schema.SHAPES): key = shape * COLOR_BUCKETS + bucket
+SHAPE_KINDS = 4     # sphere, box, capsule, convex (app.scene.schema.SHAPES): key = shape * COLOR_BUCKETS + bucket
 CYLINDER_SIDES = 16
 
 
@@ -80,6 +80,20 @@ def bucket_colors(mode: str, material_names=None) -> np.ndarray:
         else:
             out[k] = material_color(names[k] if k < len(names) else None, k)
     return out
+
+
+def hull_triangles(hulls):
+    """Flat-shaded triangles of hulls (app.scene.hull.Hull, in their body frames), each face fanned: (first triangle of
+    each hull (H + 1,) int32, corners (3T, 3) float32 m, face normals (T, 3) float32)."""
+    start, corners, normals = [0], [], []
+    for h in hulls:
+        for f, plane in zip(h.faces, h.planes):
+            for k in range(1, len(f) - 1):
+                corners += [h.vertices[f[0]], h.vertices[f[k]], h.vertices[f[k + 1]]]
+                normals.append(plane[:3])
+        start.append(len(normals))
+    return (np.asarray(start, np.int32), np.asarray(corners, np.float32).reshape(-1, 3),
+            np.asarray(normals, np.float32).reshape(-1, 3))
 
 
 def unit_box():

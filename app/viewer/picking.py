@@ -31,10 +31,11 @@ def cursor_ray(position, lookat, up, fov_deg, aspect, cx, cy):
     return o, d / np.linalg.norm(d)
 
 
-def pick(origin, direction, positions, orientations, shape, half_extents):
+def pick(origin, direction, positions, orientations, shape, half_extents, hull=None, hulls=()):
     """(body, distance along the ray) of the first body the ray hits, or (None, inf). shape: 0 sphere (radius
     half_extents[:, 0]), 1 box (half extents, in the body frame of `orientations`), 2 capsule (radius
-    half_extents[:, 0] about its local y axis, half length half_extents[:, 1] - radius)."""
+    half_extents[:, 0] about its local y axis, half length half_extents[:, 1] - radius), 3 convex (hulls[hull[k]],
+    app.scene.hull.Hull; without them, its bounding box)."""
     c = np.asarray(positions, np.float64)
     h = np.asarray(half_extents, np.float64)
     n = len(c)
@@ -49,7 +50,12 @@ def pick(origin, direction, positions, orientations, shape, half_extents):
     cap = np.asarray(shape) == 2
     if cap.any():
         hit[np.flatnonzero(cap)] = _ray_capsules(origin, direction, c[cap], np.asarray(orientations)[cap], h[cap])
-    box = ~(sph | cap)
+    cvx = (np.asarray(shape) == 3) & (hull is not None and len(hulls) > 0)
+    if cvx.any():
+        for h in np.unique(np.asarray(hull)[cvx]):
+            k = np.flatnonzero(cvx & (np.asarray(hull) == h))
+            hit[k] = _ray_hulls(origin, direction, c[k], np.asarray(orientations)[k], hulls[h].planes)
+    box = ~(sph | cap | cvx)
     if box.any():   # slabs in the box's frame
         R = quat_matrices(np.asarray(orientations)[box])
         lo = np.einsum("kji,kj->ki", R, oc[box])          # R^T (o - c)
@@ -90,6 +96,24 @@ def _ray_capsules(o, d, c, q, h):
     side = np.where((a > 1e-12) & (disc >= 0) & (s > 0) & (np.abs(y) <= hl), s, np.inf)
     axis = np.einsum("kij,j->ki", R, [0.0, 1.0, 0.0]) * hl[:, None]
     return np.minimum(side, np.minimum(_ray_spheres(o, d, c + axis, r), _ray_spheres(o, d, c - axis, r)))
+
+
+def _ray_hulls(o, d, c, q, planes):
+    """Distance along the unit ray o + s d to each body (centres c, orientations q) of one hull (its face planes
+    (F, 4): outward unit normal, offset): where the ray enters the intersection of the faces' half-spaces."""
+    R = quat_matrices(q)
+    lo = np.einsum("kji,kj->ki", R, o[None, :] - c)    # R^T (o - c)
+    ld = np.einsum("kji,j->ki", R, d)                   # R^T d
+    n, off = planes[:, :3], planes[:, 3]
+    num = off[None, :] - lo @ n.T                       # (K, F): >= 0 where o is inside face f's half-space
+    den = ld @ n.T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = num / den
+    enter = np.where(den < 0, t, -np.inf).max(axis=1)
+    leave = np.where(den > 0, t, np.inf).min(axis=1)
+    parallel_out = ((np.abs(den) < 1e-12) & (num < 0)).any(axis=1)
+    ok = (enter <= leave) & (leave > 0) & ~parallel_out
+    return np.where(ok, np.maximum(enter, 0.0), np.inf)
 
 
 def drag_force(mass, grab_point, grab_velocity, target, gravity):

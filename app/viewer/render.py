@@ -19,7 +19,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE
+from app.scene.hull import box_hull
+from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX
 from app.viewer import kernels as rk
 from app.viewer.display import COLOR_MODES
 from app.viewer import meshes as rm
@@ -72,7 +73,8 @@ class SimSource:
 
     @property
     def generation(self):
-        return (self.sim.generation_id, self.sim.body_count)
+        # (the builder: a new scene of the same size may bring other hulls)
+        return (self.sim.generation_id, self.sim.body_count, id(self.sim.builder))
 
     @property
     def statics(self):
@@ -84,6 +86,14 @@ class SimSource:
 
     def host_shapes(self) -> dict:
         return self.sim.shapes()
+
+    @property
+    def body_hull(self):
+        return self.sim.model.body_hull
+
+    def hull_geometry(self):
+        """The hulls body_hull indexes (app.scene.hull.Hull: the unit cube, then the scene's), or None."""
+        return [box_hull()] + self.sim.builder.hulls if self.sim.builder.hulls else None
 
     def host_positions(self) -> np.ndarray:
         return self.sim.positions()
@@ -126,7 +136,7 @@ class PoseSource:
         self.body_half_extents = ti.Vector.field(3, ti.f32, cap)
         self.body_shape = ti.field(ti.i32, cap)
         self.body_material = ti.field(ti.i32, cap)
-        self._shapes = {k: np.asarray(v) for k, v in shapes.items()}
+        self._shapes = {k: np.asarray(v) for k, v in shapes.items() if k != "hulls"}
 
         def pad(a, dtype, width=None):
             out = np.zeros((cap,) if width is None else (cap, width), dtype)
@@ -136,11 +146,20 @@ class PoseSource:
         self.body_half_extents.from_numpy(pad(shapes["half_extents"], np.float32, 3))
         self.body_shape.from_numpy(pad(shapes["shape"], np.int32))
         self.body_material.from_numpy(pad(shapes["material"], np.int32))
+        # convex bodies: their hulls (shapes["hulls"], as shapes["hull"] indexes them), else their bounding boxes
+        self._hulls = list(shapes.get("hulls", ())) if "hull" in shapes else []
+        self.body_hull = ti.field(ti.i32, cap)
+        if self._hulls:
+            self.body_hull.from_numpy(pad(np.asarray(shapes["hull"]) + 1, np.int32))
         self.statics = list(statics)
         self._pos = np.zeros((n, 3), np.float32)
 
     body_count = property(lambda self: self._count)
     capacity = property(lambda self: self._capacity)
+
+    def hull_geometry(self):
+        """The hulls body_hull indexes (the unit cube, then the run's), or None."""
+        return [box_hull()] + self._hulls if self._hulls else None
     generation = property(lambda self: (0, self._count))
 
     def set_poses(self, position, orientation):
@@ -299,6 +318,8 @@ class Renderer:
         self.body_meshes = {}
         for shape, (v, n, i) in ((SHAPE_BOX, rm.unit_box()), (SHAPE_CAPSULE, rm.unit_cylinder())):
             self.body_meshes[shape] = (_field_from(v, 3), _field_from(n, 3), _field_from(i, dtype=ti.i32))
+        # A source without hull geometry (a recording) draws a convex body as its bounding box.
+        self.body_meshes[SHAPE_CONVEX] = self.body_meshes[SHAPE_BOX]
 
     def _sync_capacity(self):
         """(Re)allocate per-body fields when the source's fields were reallocated or grew."""
@@ -328,6 +349,25 @@ class Renderer:
             self.pick_count = ti.field(ti.i32, ())
             self._bucket_colors_for = None
         self._generation = gen
+        self._sync_hulls()
+
+    def _sync_hulls(self):
+        """Hull triangle tables and the world-space hull mesh (kernels.kernel_hull_mesh), for a source with hulls."""
+        geometry = getattr(self.source, "hull_geometry", lambda: None)()
+        self.hull_vertices = 0
+        if geometry is None:
+            self._hull_tables = None
+            return
+        start, corners, normals = rm.hull_triangles(geometry)
+        self._hull_tables = (_field_from(start, dtype=ti.i32), _field_from(corners, 3), _field_from(normals, 3))
+        n = self.source.body_count
+        hull_of = self.source.body_hull.to_numpy()[:n]
+        convex = self.source.body_shape.to_numpy()[:n] == SHAPE_CONVEX
+        need = max(3, 3 * int(np.diff(start)[hull_of[convex]].sum()))
+        self.hull_v = ti.Vector.field(3, ti.f32, need)
+        self.hull_n = ti.Vector.field(3, ti.f32, need)
+        self.hull_c = ti.Vector.field(3, ti.f32, need)
+        self.hull_count = ti.field(ti.i32, ())
         self._keys_dirty = True
         self._build_body_meshes()
         shapes = self.source.host_shapes()
@@ -437,6 +477,12 @@ class Renderer:
         if per_frame or self._keys_dirty or self._host_counts is None:
             self._host_counts = self.key_count.to_numpy()
             self._keys_dirty = per_frame
+        if self._hull_tables is not None:
+            start, corners, normals = self._hull_tables
+            rk.kernel_hull_mesh(self.body_key, src.body_shape, src.body_hull, src.body_pos, src.body_quat, n,
+                                start, corners, normals, self.bucket_color, rm.COLOR_BUCKETS, self.hull_count,
+                                self.hull_v, self.hull_n, self.hull_c)
+            self.hull_vertices = min(int(self.hull_count[None]), self.hull_v.shape[0])
         self.pick_glyphs = 0
         picked = src.contact_lists() if self.highlight >= 0 else None
         if picked is not None and self.highlight < n:
@@ -473,12 +519,16 @@ class Renderer:
             offset = spheres
             for key in range(B, len(counts)):
                 cnt = int(counts[key])
+                if key // B == SHAPE_CONVEX and self._hull_tables is not None:
+                    continue   # (drawn below as one mesh)
                 if cnt:
                     v, n, i = self.body_meshes[key // B]
                     scene.mesh_instance(v, indices=i, normals=n, color=tuple(float(x) for x in colors[key % B]),
                                         transforms=self.instance_transform, instance_offset=offset,
                                         instance_count=cnt)
                 offset += cnt
+        if self.hull_vertices:
+            scene.mesh(self.hull_v, normals=self.hull_n, per_vertex_color=self.hull_c, vertex_count=self.hull_vertices)
         if self.pick_glyphs:
             k = self.pick_glyphs
             scene.particles(self.pick_point, radius=0.3 * self.size_hint, color=PICK_COLOR, index_count=k)

@@ -26,6 +26,8 @@ from app.viewer.offscreen import OffscreenView, VideoWriter
 # Numbers may be integers or floats (a hand-made file may hold [1, 0, 0, 0]); indices must be integers.
 STATE_ARRAYS = {"shape": (("N",), "iu"), "half_extents": (("N", 3), "fiu"), "material": (("N",), "iu"),
                 "position": (("N", 3), "fiu"), "orientation": (("N", 4), "fiu")}
+# ... and what it writes only for some scenes (hull: a convex body's hull, -1 for the other shapes)
+STATE_OPTIONAL = {"hull": (("N",), "i")}
 TRAJECTORY_ARRAYS = {"time": (("F",), "fiu"), "position": (("F", "N", 3), "fiu"),
                      "orientation": (("F", "N", 4), "fiu")}
 
@@ -34,9 +36,10 @@ def _memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _load_npz(path, arrays, dims, what):
-    """The arrays `arrays` (STATE_ARRAYS, TRAJECTORY_ARRAYS) of the .npz file `path`, each of the shape, kind and
-    finiteness given; symbolic sizes agree through `dims`. UserError naming the file otherwise."""
+def _load_npz(path, arrays, dims, what, optional=None):
+    """The arrays `arrays` (STATE_ARRAYS, TRAJECTORY_ARRAYS) of the .npz file `path`, and those of `optional` it
+    holds, each of the shape, kind and finiteness given; symbolic sizes agree through `dims`. UserError naming the
+    file otherwise."""
     import zipfile
     import zlib
 
@@ -48,6 +51,7 @@ def _load_npz(path, arrays, dims, what):
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in arrays if k not in z.files]
+            arrays = dict(arrays, **{k: v for k, v in (optional or {}).items() if k in z.files})
             if missing:
                 raise UserError(f"{path}: no array {missing[0]!r} (expected {', '.join(arrays)}: the {what} of a "
                                 f"headless run)")
@@ -123,7 +127,7 @@ def load_out_dir(out_dir):
     if not os.path.exists(state_path):
         raise UserError(f"{out_dir}: no state.npz (expected the --out directory of `python run.py SCENE --headless`)")
     dims = {}
-    st = _load_npz(state_path, STATE_ARRAYS, dims, "state.npz")
+    st = _load_npz(state_path, STATE_ARRAYS, dims, "state.npz", STATE_OPTIONAL)
     if dims["N"] == 0:
         raise UserError(f"{state_path}: no bodies")
     if not np.isin(st["shape"], list(SHAPES.values())).all() or (st["material"] < 0).any() or \
@@ -131,6 +135,8 @@ def load_out_dir(out_dir):
         raise UserError(f"{state_path}: shape must be one of " + ", ".join(f"{v} ({k})" for k, v in SHAPES.items())
                         + "; material >= 0, half_extents >= 0")
     shapes = {k: st[k] for k in ("shape", "half_extents", "material")}
+    if "hull" in st:   # (a convex body's hull in the scene's hulls; kept when the scene reloads, see below)
+        shapes["hull"] = st["hull"]
     final = (st["position"], st["orientation"])
     traj = None
     tpath = os.path.join(out_dir, "trajectory.npz")
@@ -140,6 +146,15 @@ def load_out_dir(out_dir):
         if dims["F"] == 0 or (np.diff(traj["time"]) < 0).any():
             raise UserError(f"{tpath}: time must hold one or more frames in increasing order")
     scene = _scene_of_run(os.path.join(out_dir, "metrics.json"))
+    convex = np.asarray(shapes["shape"]) == SHAPES["convex"]
+    if convex.any():
+        hull = np.asarray(shapes.get("hull", np.full(len(convex), -1)))
+        if scene is None or not np.array_equal(scene.bodies["hull"], hull) or not len(scene.hulls):
+            print(f"note: {state_path}: the scene's convex hulls are not those of the run; drawing convex bodies as "
+                  f"their bounding boxes", file=sys.stderr)
+            shapes.pop("hull", None)
+        else:
+            shapes["hulls"] = scene.hulls
     if scene is not None and int(st["material"].max()) >= len(scene.materials):
         print(f"note: {state_path}: material {int(st['material'].max())} is not in the scene's "
               f"{len(scene.materials)} materials; drawing bodies without the scene", file=sys.stderr)

@@ -52,7 +52,11 @@ def _small_pile(kind):
                     "materials": ["a", "b"]},
                    # capsules too: their pairs (one or two points) go through every storage's append_n / put
                    {"generate": "random", "shape": "capsule", "count": 12, "min": [-0.5, 1.75, -0.5],
-                    "max": [0.5, 2.4, 0.5], "radius": 0.05, "half_length": 0.07, "materials": ["a", "b"]}]})
+                    "max": [0.5, 2.4, 0.5], "radius": 0.05, "half_length": 0.07, "materials": ["a", "b"]},
+                   # and convex hulls (pair class 3: hull-plane, -sphere, -box, -capsule, -hull)
+                   {"generate": "random", "shape": "convex", "hull_points": 10, "variants": 3, "count": 12,
+                    "half_extents": [0.07, 0.05, 0.06], "min": [-0.5, 2.5, -0.5], "max": [0.5, 2.9, 0.5],
+                    "materials": ["a", "b"]}]})
 
 
 @pytest.fixture(scope="module")
@@ -577,6 +581,15 @@ def _check_card_house(m, st, tr):
     assert m["health"]["deep_frames"] == 0
 
 
+def _check_convex_pile(m, st, tr):
+    p = st["position"]
+    assert (np.abs(p[:1200, [0, 2]]) < 2.0 + 1e-3).all() and p[:, 1].min() > -1e-3 and m["overflow_total"] == 0
+    # beside the pile, at rest on a face: the tetrahedron (height 0.33 m: its centre at a quarter of it), the prism
+    # (0.3 m tall) on its hexagon; the octahedron (0.25 m to a vertex) dropped nearly vertex-down, still falling over
+    assert p[-3, 1] == pytest.approx(0.33 / 4, abs=1e-3) and p[-1, 1] == pytest.approx(0.15, abs=1e-3)
+    assert 0.25 / np.sqrt(3) - 1e-3 < p[-2, 1] < 0.25 + 1e-3
+
+
 def _check_pile(m, st, tr):
     p = st["position"]
     assert np.isfinite(p).all() and m["overflow_total"] == 0
@@ -626,6 +639,11 @@ SCENE_RUNS = {
     "capsule_pile_100k": (20, ("bodies.0.count=1000", "bodies.1.count=2000", "static.0.size=[3, 4, 3]",
                                "bodies.0.min=[-1.45, 0.1, -1.45]", "bodies.0.max=[1.45, 4, 1.45]",
                                "bodies.1.min=[-1.45, 4.2, -1.45]", "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),
+    "convex_pile": (40, (), _check_convex_pile),
+    "convex_pile_100k": (20, ("bodies.0.count=2000", "bodies.1.count=1000", "bodies.0.variants=4",
+                              "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
+                              "bodies.0.max=[1.45, 4, 1.45]", "bodies.1.min=[-1.45, 4.2, -1.45]",
+                              "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),
     "pile_1m": (20, ("bodies.0.count=3000", "static.0.size=[3, 6, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                      "bodies.0.max=[1.45, 8, 1.45]"), _check_pile),
 }
@@ -1074,7 +1092,7 @@ def test_narrowphase_same_contacts_when_candidate_pairs_overflow(sim):
     sim.grid.pairs.trim()
     assert sim.grid.pairs.stats()["pool_chunks_used"] == 0
     tight = _contact_set(sim)
-    per_class = sim.grid.pairs.lengths().reshape(3, -1)
+    per_class = sim.grid.pairs.lengths().reshape(sim.grid.pair_classes, -1)
     assert all((per_class[c] > 2).any() for c in range(3))  # every class overflowed (beyond 2 inline)
     assert len(roomy) > sim.body_count and tight == roomy
 
@@ -1526,19 +1544,17 @@ def test_candidate_pairs_match_brute_force(sim):
 
     launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
     ref = _assert_pairs_match_brute_force(sim)
-    assert len(ref) > sim.body_count and {c for c, _, _ in ref} == {0, 1, 2}  # landed: all classes, > 1 pair per body
+    assert len(ref) > sim.body_count and {c for c, _, _ in ref} == {0, 1, 2, 3}  # landed: all classes, > 1 pair a body
 
 
 def _assert_pairs_match_brute_force(sim):
     """grid.pairs (just filled) against an O(n^2) numpy reference, in scene order; returns the reference."""
-    from app.sim.broadphase import PAIR_CLASSES
-
     g = sim.grid
     n = sim.body_count
     order = g.body_order.to_numpy()[:n]
     offsets, vals = g.pairs.to_csr()
     got = set()
-    for c in range(PAIR_CLASSES):
+    for c in range(g.pair_classes):
         for t in range(n):
             lst = c * g.pair_stride + t
             for j in vals[offsets[lst]:offsets[lst + 1]].tolist():
@@ -1563,14 +1579,15 @@ def _assert_pairs_match_brute_force(sim):
     reach = rad[:, None] + rad[None, :] + np.maximum(margin, step[:, None] + step[None, :])
     for i, j in zip(*np.nonzero(np.triu(d <= reach, 1))):
         if not (fixed[i] and fixed[j]):  # two fixed bodies never collide
-            ref.add((min(int(shape[i] + shape[j]), 2), int(i), int(j)))   # (a capsule counts as two boxes)
+            # (a capsule counts as two boxes; any pair with a hull is class 3)
+            ref.add((3 if 3 in (shape[i], shape[j]) else min(int(shape[i] + shape[j]), 2), int(i), int(j)))
     k_planes = int(sim.model.plane_count[None])
     normals = sim.model.plane_normal.to_numpy()[:k_planes].astype(np.float64)
     offs = sim.model.plane_offset.to_numpy()[:k_planes].astype(np.float64)
     for i in range(n):
         for k in range(k_planes):
             if not fixed[i] and offs[k] - normals[k] @ pos[i] + rad[i] > -max(margin, step[i]):  # (fixed: none)
-                ref.add((min(int(shape[i]), 2), i, -1 - k))
+                ref.add((3 if shape[i] == 3 else min(int(shape[i]), 2), i, -1 - k))
     # float32 on the device vs float64 here: only pairs within 1e-5 m of the threshold may differ
     near = {(c, i, j) for c, i, j in got ^ ref
             if j >= 0 and abs(d[i, j] - reach[i, j]) < 1e-5}
@@ -1641,7 +1658,6 @@ def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init;
     # cells share buckets (the wrap-around). Pairs must still match the brute force, each exactly once. The
     # pairs VLA has an 8-element overflow area, so the first narrowphase loses pending pairs: vla.launch
     # grows the pool and re-runs both kernels, and the packed-pair buffer must follow the larger pool.
-    from app.sim.broadphase import PAIR_CLASSES
     from app.sim import Simulation
     from vla import VLA
 
@@ -1663,7 +1679,7 @@ def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init;
     assert sim.grid.axis_mask == 3 and sim.grid.table_size == 64
     cell = float(sim.model.grid_cell_size[None])
     assert np.ptp(sim.positions(), axis=0).max() > 8 * cell  # the clusters span at least two periods
-    sim.grid.pairs = VLA(PAIR_CLASSES * sim.grid.pair_stride, ti.i32, inline_capacity=2, chunk_size=4,
+    sim.grid.pairs = VLA(sim.grid.pair_classes * sim.grid.pair_stride, ti.i32, inline_capacity=2, chunk_size=4,
                          overflow_capacity=8, name="candidate_pairs_tiny")
     first = _contact_set(sim)
     assert sim.grid.pairs.stats()["overflow_events"] > 0  # the first attempt lost pairs and was re-run
