@@ -156,7 +156,8 @@ def shape_size(ctx, key, b, acc=None):
     ident = CAPSULE_AXES["y"]
     for k, only in (("half_length", "capsule"), ("axis", "capsule"), ("vertices", "convex"), ("mesh", "convex")):
         if k in b and shape != only:
-            ctx.fail(f"{key}.{k}", f"no {k} on a {shape} (only {only} shapes have one)", have_got=False)
+            ctx.fail(f"{key}.{k}", f"no {k} on a {shape} (only {only} shapes have one)" if only == "convex" else
+                     f"no {k} on a {shape} (only {only}s have one)", have_got=False)
     if shape == "convex":
         for k in ("radius", "half_extents"):
             if k in b:

@@ -344,3 +344,63 @@ def mesh_volume(vertices, triangles) -> float:
     """|Signed volume| (m^3) a closed triangle mesh encloses (divergence theorem; any consistent orientation)."""
     a, b, c = (vertices[triangles[:, k]] for k in range(3))
     return abs(float(np.einsum("ij,ij->i", a, np.cross(b, c)).sum()) / 6.0)
+
+
+def triangle_hull(a, b, c):
+    """(hull, centroid (3,)) of the triangle a, b, c (m) as a polytope of zero thickness: its front face (normal
+    (b - a) x (c - a), counter-clockwise a, b, c) and its back face, its three edges between them. The separating
+    axes of a pair with a triangle are then the two faces' normal and the other body's faces: an edge between the
+    front and the back spans no arc of the Gauss map, so no edge pair is tested, and a body sliding over the edge
+    between two triangles of a flat mesh meets no sideways axis there (the internal-edge problem of triangle
+    meshes); spheres and capsules meet the edges through the closest points (app.sim.convex.poly_closest). Vertices
+    about the centroid; no volume (a static triangle has no mass). Raises HullError for a triangle of zero area."""
+    P = np.asarray([a, b, c], np.float64)
+    n = np.cross(P[1] - P[0], P[2] - P[0])
+    area2 = float(np.linalg.norm(n))
+    scale = max(float(np.ptp(P, axis=0).max()), 1e-30)
+    if not area2 > 1e-9 * scale * scale:
+        raise HullError("a triangle of zero area (its vertices coincide or are collinear)")
+    n /= area2
+    centroid = P.mean(axis=0)
+    V = P - centroid
+    faces = (np.array([0, 1, 2], np.int32), np.array([0, 2, 1], np.int32))
+    planes = np.array([[*n, 0.0], [*(-n), 0.0]])
+    edges = np.array([[0, 1, 0, 1], [1, 2, 0, 1], [0, 2, 1, 0]], np.int32)   # (the front loop runs 0 -> 1 -> 2)
+    return Hull(vertices=V, faces=faces, planes=planes, edges=edges, volume=0.0, inertia=np.zeros(3)), centroid
+
+
+def heightfield_triangles(heights, size, center):
+    """(T, 3, 3) triangles (m) of a heightfield: heights[j][i] (m) over a grid of len(heights[0]) points along x and
+    len(heights) along z spanning size = (x, z) about center (x, y, z); two triangles a cell, counter-clockwise seen
+    from above."""
+    H = np.asarray(heights, np.float64)
+    nz, nx = H.shape
+    x = center[0] - size[0] / 2 + np.arange(nx) * (size[0] / (nx - 1))
+    z = center[2] - size[1] / 2 + np.arange(nz) * (size[1] / (nz - 1))
+    P = np.stack(np.broadcast_arrays(x[None, :], center[1] + H, z[:, None]), -1)   # (nz, nx, 3)
+    a, b, c, d = P[:-1, :-1], P[:-1, 1:], P[1:, 1:], P[1:, :-1]   # (z, x), (z, x+1), (z+1, x+1), (z+1, x)
+    # seen from +y, x to the right and z towards the viewer: a, d, c and a, c, b are counter-clockwise
+    t1 = np.stack([a, d, c], -2).reshape(-1, 3, 3)
+    t2 = np.stack([a, c, b], -2).reshape(-1, 3, 3)
+    return np.concatenate([t1, t2], 0)
+
+
+def mesh_triangles_checked(vertices, triangles):
+    """The mesh's triangles (T, 3, 3) m, after checking it: no triangle of zero area, no edge shared by more than two
+    triangles. Raises HullError naming the triangle."""
+    if triangles is None or not len(triangles):
+        raise HullError("no faces ('f i j k' lines): a static mesh is its triangles")
+    T = vertices[triangles]
+    n = np.cross(T[:, 1] - T[:, 0], T[:, 2] - T[:, 0])
+    scale = float(np.ptp(vertices, axis=0).max()) or 1.0
+    bad = np.flatnonzero(np.linalg.norm(n, axis=1) <= 1e-9 * scale * scale)
+    if bad.size:
+        raise HullError(f"triangle {int(bad[0])} (vertices {', '.join(str(int(v) + 1) for v in triangles[bad[0]])}) "
+                        f"has zero area")
+    edges = np.sort(np.concatenate([triangles[:, [0, 1]], triangles[:, [1, 2]], triangles[:, [2, 0]]]), axis=1)
+    uniq, counts = np.unique(edges, axis=0, return_counts=True)
+    if (counts > 2).any():
+        e = uniq[int(np.argmax(counts > 2))]
+        raise HullError(f"non-manifold: the edge between vertices {int(e[0]) + 1} and {int(e[1]) + 1} belongs to "
+                        f"{int(counts.max())} triangles")
+    return T

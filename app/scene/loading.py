@@ -24,7 +24,8 @@ import yaml
 from app.errors import UserError
 from app.scene import yamlio
 from app.scene.generators import Bodies, expand_generator, quat_mul, shape_size
-from app.scene.schema import (ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
+from app.scene.hull import HullError, heightfield_triangles, mesh_triangles_checked, read_obj, triangle_hull
+from app.scene.schema import (SHAPE_CONVEX, ARCHS, BODY_KEYS, CONTACT_STORAGES, MASS_RANGE, MATERIAL_KEYS, SIM_DEFAULTS, TOP_KEYS,
                               Ctx, Scene, body_mass_properties, bodies_pinned, quat_matrices, bool_ as _bool,
                               check_keys as _check_keys, limit,
                               mapping as _mapping, material as _material, num as _num, quat as _quat, str_ as _str,
@@ -151,13 +152,14 @@ def validate(data: dict, path="<dict>") -> Scene:
     names = set(material_index)
 
     statics = []
+    triangle_sets = []   # static meshes and heightfields: (key, (triangles (T, 3, 3) m, material))
     st_raw = data.get("static", []) or []
     if not isinstance(st_raw, list):
         ctx.fail("static", "a list of planes and containers", st_raw)
     for k, s in enumerate(st_raw):
         key = f"static[{k}]"
         _mapping(ctx, key, s)
-        t = _str(ctx, f"{key}.type", s.get("type"), ("plane", "container"))
+        t = _str(ctx, f"{key}.type", s.get("type"), ("plane", "container", "mesh", "heightfield"))
         if t == "plane":
             _check_keys(ctx, key, s, {"type", "normal", "offset", "material"}, required=("normal", "material"))
             n = np.asarray(_vec(ctx, f"{key}.normal", s["normal"]), np.float64)
@@ -166,13 +168,15 @@ def validate(data: dict, path="<dict>") -> Scene:
             statics.append({"type": "plane", "normal": (n / np.linalg.norm(n)).tolist(),
                             "offset": float(_num(ctx, f"{key}.offset", s.get("offset", 0.0))),
                             "material": material_index[_material(ctx, f"{key}.material", s["material"], names)]})
-        else:
+        elif t == "container":
             _check_keys(ctx, key, s, {"type", "size", "center", "material"}, required=("size", "material"))
             size = _vec(ctx, f"{key}.size", s["size"], 3, positive=True)
             center = _vec(ctx, f"{key}.center", s.get("center", [0.0, size[1] / 2, 0.0]), 3)
             statics.append({"type": "container", "size": [float(x) for x in size],
                             "center": [float(x) for x in center],
                             "material": material_index[_material(ctx, f"{key}.material", s["material"], names)]})
+        else:
+            triangle_sets.append((key, static_triangles(ctx, key, s, names, material_index)))
 
     bodies_raw = data["bodies"]
     if not isinstance(bodies_raw, list):
@@ -210,9 +214,17 @@ def validate(data: dict, path="<dict>") -> Scene:
             acc.add(shape, r, h, pos, quat_mul(q_user, axis),
                     vel, omega, material_index[_material(ctx, f"{key}.material", b["material"], names)], fixed,
                     kinematic=kinematic, pivot=pivot, hull=hull)
-    bodies = acc.arrays()
-    if bodies["shape"].shape[0] == 0:
+    if acc.count == 0:
         ctx.fail("bodies", "at least one body", bodies_raw)
+    # static triangles: fixed convex bodies of zero thickness after the scene's own bodies (their indices stay)
+    for key, (tris, mat) in triangle_sets:
+        ctx.take_bodies(key, len(tris))
+        for tri in tris:
+            hull, centroid = triangle_hull(*tri)
+            v = hull.vertices
+            acc.add(SHAPE_CONVEX, float(np.linalg.norm(v, axis=1).max()), np.abs(v).max(axis=0).tolist(),
+                    centroid.tolist(), [1.0, 0.0, 0.0, 0.0], [0.0] * 3, [0.0] * 3, mat, True, hull=acc.hull_index(hull))
+    bodies = acc.arrays()
     _check_mass(ctx, bodies, materials, ends, acc.hulls)
 
     camera = data.get("camera")
@@ -228,6 +240,36 @@ def validate(data: dict, path="<dict>") -> Scene:
     return Scene(path=str(path), name=name, description=description, sim=sim, materials=materials,
                  material_index=material_index, statics=statics, bodies=bodies, camera=camera, raw=data,
                  hulls=acc.hulls)
+
+
+def static_triangles(ctx, key, s, names, material_index):
+    """(triangles (T, 3, 3) m, material id) of a static `mesh` (an OBJ file's faces, moved by `offset`) or
+    `heightfield` (a grid of heights over `size` about `center`)."""
+    mat = material_index[_material(ctx, f"{key}.material", s.get("material"), names)]
+    if s["type"] == "mesh":
+        _check_keys(ctx, key, s, {"type", "file", "offset", "material"}, required=("file", "material"))
+        name = _str(ctx, f"{key}.file", s["file"])
+        base = os.path.dirname(ctx.path) if ctx.path not in ("<dict>", "") else ""
+        path = name if os.path.isabs(name) else os.path.join(base, name)
+        if not os.path.isfile(path):
+            ctx.fail(f"{key}.file", f"an OBJ file (relative to the scene's folder); {path} does not exist", name)
+        offset = np.asarray(_vec(ctx, f"{key}.offset", s.get("offset", [0, 0, 0])), np.float64)
+        try:
+            verts, tris = read_obj(path)
+            return mesh_triangles_checked(verts + offset, tris), mat
+        except HullError as e:
+            ctx.fail(f"{key}.file ({path})", f"a closed or open triangle mesh: {e}", have_got=False)
+    _check_keys(ctx, key, s, {"type", "heights", "size", "center", "material"}, required=("heights", "size",
+                                                                                          "material"))
+    h = s["heights"]
+    if not (isinstance(h, list) and len(h) >= 2 and all(isinstance(r, list) for r in h)
+            and len({len(r) for r in h}) == 1 and len(h[0]) >= 2):
+        ctx.fail(f"{key}.heights", "rows of heights (m), at least 2 rows of the same length >= 2 (a row along x, "
+                                   "one row per z)", h)
+    heights = [[_num(ctx, f"{key}.heights[{j}][{i}]", v) for i, v in enumerate(r)] for j, r in enumerate(h)]
+    size = _vec(ctx, f"{key}.size", s["size"], 2, positive=True)
+    center = _vec(ctx, f"{key}.center", s.get("center", [0, 0, 0]), 3)
+    return heightfield_triangles(heights, size, center), mat
 
 
 def _check_mass(ctx, bodies, materials, ends, hulls):

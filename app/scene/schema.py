@@ -201,8 +201,8 @@ def smallest_extent(bodies, hulls=()):
     hull's distance from its centre of mass to its nearest face."""
     out = np.where(bodies["shape"] == SHAPE_SPHERE, bodies["radius"], bodies["half_extents"].min(axis=1))
     convex = np.flatnonzero(bodies["shape"] == SHAPE_CONVEX)
-    if convex.size:
-        inradius = np.array([h.inradius for h in hulls], np.float64)
+    if convex.size:   # (a static triangle has no thickness: it does not count)
+        inradius = np.array([h.inradius if h.volume > 0 else np.inf for h in hulls], np.float64)
         out = out.astype(np.float64)
         out[convex] = inradius[bodies["hull"][convex]]
     return out

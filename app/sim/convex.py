@@ -75,7 +75,8 @@ class HullTable:
             loops.append(np.concatenate([starts, np.concatenate(h.faces)]).astype(np.int32))
         self.loops.from_csr(*csr(loops, 1, np.int32))
         inradius = np.zeros(self.capacity, np.float32)
-        inradius[:len(table)] = [h.inradius for h in table]
+        # (a static triangle, of no thickness, leaves the pair's size to the other body)
+        inradius[:len(table)] = [h.inradius if h.volume > 0 else 1e30 for h in table]
         self.inradius.from_numpy(inradius)
         self.count = len(table)
 

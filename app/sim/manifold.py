@@ -2,9 +2,10 @@
 (app.sim.narrowphase, app.sim.convex) fills it, and which plane contacts a container wall accepts."""
 import taichi as ti
 
-from app.sim.model import NO_CLIP
-
 vec3 = ti.types.vector(3, ti.f32)
+
+# A plane row's clip offset and thickness when it has none (floors, ramps: app.sim.model.plane_rows).
+NO_CLIP = 3.0e38
 
 # Polytope pairs (box-box, hulls) prefer a face axis over an edge axis unless the edge separates clearly more:
 # relative and absolute tolerances (fractions of the separation / of the smallest half size). Without the bias,

@@ -18,6 +18,7 @@ import taichi as ti
 
 from app.scene import Scene, body_bounding_radius
 from app.scene.schema import body_mass_properties, quat_matrices
+from app.sim.manifold import NO_CLIP
 from app.sim.permute import permute_field
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -28,7 +29,6 @@ vec4 = ti.types.vector(4, ti.f32)
 # (app.sim.narrowphase.plane_accepts): a body that left the container over the top is not dragged back through the
 # wall.
 WALL_THICKNESS_RADII = 4.0
-NO_CLIP = 3.0e38
 
 # Large bodies: those whose bounding radius exceeds LARGE_RADIUS_FACTOR x the median, at most MAX_LARGE_BODIES of
 # the largest. The grid's cells are sized for the other bodies, and each large body meets every body in a pass of

@@ -349,6 +349,11 @@ class Renderer:
             self.pick_count = ti.field(ti.i32, ())
             self._bucket_colors_for = None
         self._generation = gen
+        self._keys_dirty = True
+        self._build_body_meshes()
+        shapes = self.source.host_shapes()
+        he = np.asarray(shapes["half_extents"], np.float64)
+        self.size_hint = float(np.median(he.min(axis=1))) if len(he) else 0.1
         self._sync_hulls()
 
     def _sync_hulls(self):
@@ -368,11 +373,6 @@ class Renderer:
         self.hull_n = ti.Vector.field(3, ti.f32, need)
         self.hull_c = ti.Vector.field(3, ti.f32, need)
         self.hull_count = ti.field(ti.i32, ())
-        self._keys_dirty = True
-        self._build_body_meshes()
-        shapes = self.source.host_shapes()
-        he = np.asarray(shapes["half_extents"], np.float64)
-        self.size_hint = float(np.median(he.min(axis=1))) if len(he) else 0.1
 
     def scene_bounds(self):
         shapes = self.source.host_shapes()

@@ -590,6 +590,35 @@ def _check_convex_pile(m, st, tr):
     assert 0.25 / np.sqrt(3) - 1e-3 < p[-2, 1] < 0.25 + 1e-3
 
 
+def _terrain_height(heights, size, x, z):
+    """Height (m) of the heightfield (centred on the origin) under (x, z), on its triangles (a, d, c) and (a, c,
+    b) of each cell, as app.scene.hull.heightfield_triangles makes them."""
+    H = np.asarray(heights, np.float64)
+    nz, nx = H.shape
+    fx = (x + size[0] / 2) / size[0] * (nx - 1)
+    fz = (z + size[1] / 2) / size[1] * (nz - 1)
+    i = np.clip(np.floor(fx).astype(int), 0, nx - 2)
+    j = np.clip(np.floor(fz).astype(int), 0, nz - 2)
+    u, v = fx - i, fz - j
+    a, b, c, d = H[j, i], H[j, i + 1], H[j + 1, i + 1], H[j + 1, i]
+    return np.where(v >= u, a + v * (d - a) + u * (c - d), a + u * (b - a) + v * (c - b))
+
+
+def _check_junkyard(m, st, tr):
+    from app.scene import load_scene
+
+    field = load_scene(SCENES / "junkyard.yaml").raw["static"][1]
+    p = st["position"]
+    moving = ~st["fixed"]
+    over = moving & (np.abs(p[:, 0]) < 5.9) & (np.abs(p[:, 2]) < 5.9)
+    ground = _terrain_height(field["heights"], field["size"], p[over, 0], p[over, 2])
+    # every body over the terrain has its centre above it (the smallest bodies reach 3 cm below their centre)
+    assert (p[over, 1] > ground + 0.02).all(), (p[over, 1] - ground).min()
+    assert over.sum() > 0.9 * moving.sum() and m["overflow_total"] == 0
+    ke = np.asarray(m["kinetic_energy"])
+    assert ke[-1] < 0.5 * ke.max()   # landed: the rain's energy mostly gone (spheres still roll into the valleys)
+
+
 def _check_pile(m, st, tr):
     p = st["position"]
     assert np.isfinite(p).all() and m["overflow_total"] == 0
@@ -640,6 +669,7 @@ SCENE_RUNS = {
                                "bodies.0.min=[-1.45, 0.1, -1.45]", "bodies.0.max=[1.45, 4, 1.45]",
                                "bodies.1.min=[-1.45, 4.2, -1.45]", "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),
     "convex_pile": (40, (), _check_convex_pile),
+    "junkyard": (90, ("bodies.0.count=150", "bodies.1.count=150", "bodies.2.count=100"), _check_junkyard),
     "convex_pile_100k": (20, ("bodies.0.count=2000", "bodies.1.count=1000", "bodies.0.variants=4",
                               "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                               "bodies.0.max=[1.45, 4, 1.45]", "bodies.1.min=[-1.45, 4.2, -1.45]",
