@@ -6,14 +6,36 @@ import numpy as np
 
 import os
 
-from app.scene.hull import HullError, hull_of, mesh_volume, read_obj
+from app.scene.hull import HullError, hull_of, read_obj
 from app.scene.schema import (CAPSULE_AXES, GEN_KEYS, SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE, SHAPES,
                               quat_matrices, bool_ as _bool, material as _material,
                               num as _num, str_ as _str, vec as _vec, check_keys as _check_keys)
 
-# A mesh whose volume is less than this fraction of its hull's is not convex (`shape: convex, mesh: ...` takes the
-# hull of the mesh's vertices, which would fill its hollows silently).
-CONVEX_VOLUME_FRACTION = 0.99
+# A mesh is convex when no vertex lies further than this fraction of its size on the far side of a face's plane from
+# the others (`shape: convex, mesh: ...` takes the hull of the mesh's vertices, which would fill a dent silently).
+CONVEX_TOLERANCE = 1e-3
+
+
+def nonconvex_face(points, triangles):
+    """(triangle, vertex, distance m) of a face whose plane has mesh vertices on both sides (beyond the tolerance; the
+    farther side's farthest vertex), or None for a convex mesh. Either orientation of the faces is accepted."""
+    tol = CONVEX_TOLERANCE * float(np.ptp(points, axis=0).max())
+    for start in range(0, len(triangles), 256):
+        t = triangles[start:start + 256]
+        a, b, c = points[t[:, 0]], points[t[:, 1]], points[t[:, 2]]
+        n = np.cross(b - a, c - a)
+        ln = np.linalg.norm(n, axis=1)
+        ok = ln > 1e-12 * max(tol, 1e-30)
+        n = n[ok] / ln[ok, None]
+        side = points @ n.T - (a[ok] * n).sum(axis=1)[None, :]   # (V, T')
+        hi, lo = side.max(axis=0), side.min(axis=0)
+        mixed = (hi > tol) & (lo < -tol)
+        if mixed.any():
+            k = int(np.argmax(mixed))
+            far = side[:, k] if hi[k] <= -lo[k] else -side[:, k]
+            v = int(np.argmin(far))
+            return int(np.flatnonzero(ok)[k]) + start, v, float(-far[v])
+    return None
 
 
 class Bodies:
@@ -129,7 +151,7 @@ def convex_hull_of(ctx, key, b):
         if not os.path.isfile(path):
             ctx.fail(f"{key}.mesh", f"an OBJ file (relative to the scene's folder); {path} does not exist", mesh)
         try:
-            points, tris = read_obj(path)
+            points, tris, face_line = read_obj(path)
         except HullError as e:
             ctx.fail(where, f"a readable OBJ file: {e}", have_got=False)
     try:
@@ -137,10 +159,11 @@ def convex_hull_of(ctx, key, b):
     except HullError as e:
         ctx.fail(where, f"points with a convex hull: {e}", have_got=False)
     if "mesh" in b and tris is not None:
-        vol = mesh_volume(np.asarray(points), tris)
-        if vol < CONVEX_VOLUME_FRACTION * hull.volume:
-            ctx.fail(where, f"a convex mesh: it encloses {vol:.4g} m^3, {100 * vol / hull.volume:.1f}% of its "
-                            f"hull's {hull.volume:.4g} m^3 (split it into convex parts)", have_got=False)
+        bad = nonconvex_face(np.asarray(points, np.float64), tris)
+        if bad is not None:
+            ctx.fail(where, f"a convex mesh: vertices lie on both sides of the plane of the face on line "
+                            f"{face_line[bad[0]]} (vertex {bad[1] + 1} is {bad[2]:.4g} m out); split the mesh into "
+                            f"convex parts", have_got=False)
     return hull, com, rot
 
 

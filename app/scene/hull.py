@@ -296,10 +296,12 @@ def box_hull(half_extents=(1.0, 1.0, 1.0)) -> Hull:
 
 
 def read_obj(path):
-    """(vertices (V,3), triangles (T,3) int or None) of a Wavefront OBJ file: its `v` lines, and its `f` lines
-    fanned into triangles (1-based and negative indices, `v/vt/vn` forms). Raises HullError naming the line."""
+    """(vertices (V,3), triangles (T,3) int or None, the line of each triangle's face (T,)) of a Wavefront OBJ file: its
+    `v` lines, and its `f` lines fanned into triangles (1-based and negative indices, `v/vt/vn` forms). Raises
+    HullError naming the line."""
     verts = []
     tris = []
+    lines_of = []
     try:
         with open(path, encoding="utf-8", errors="strict") as fh:
             lines = fh.readlines()
@@ -335,15 +337,10 @@ def read_obj(path):
             if len(idx) < 3:
                 raise HullError(f"line {no}: a face needs at least 3 vertices, got {len(idx)}")
             tris += [[idx[0], idx[k], idx[k + 1]] for k in range(1, len(idx) - 1)]
+            lines_of += [no] * (len(idx) - 2)
     if not verts:
         raise HullError("no vertices ('v x y z' lines)")
-    return np.array(verts, np.float64), (np.array(tris, np.int64) if tris else None)
-
-
-def mesh_volume(vertices, triangles) -> float:
-    """|Signed volume| (m^3) a closed triangle mesh encloses (divergence theorem; any consistent orientation)."""
-    a, b, c = (vertices[triangles[:, k]] for k in range(3))
-    return abs(float(np.einsum("ij,ij->i", a, np.cross(b, c)).sum()) / 6.0)
+    return np.array(verts, np.float64), (np.array(tris, np.int64) if tris else None), np.array(lines_of, np.int64)
 
 
 def triangle_hull(a, b, c):

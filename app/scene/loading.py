@@ -255,7 +255,7 @@ def static_triangles(ctx, key, s, names, material_index):
             ctx.fail(f"{key}.file", f"an OBJ file (relative to the scene's folder); {path} does not exist", name)
         offset = np.asarray(_vec(ctx, f"{key}.offset", s.get("offset", [0, 0, 0])), np.float64)
         try:
-            verts, tris = read_obj(path)
+            verts, tris, _lines = read_obj(path)
             return mesh_triangles_checked(verts + offset, tris), mat
         except HullError as e:
             ctx.fail(f"{key}.file ({path})", f"a closed or open triangle mesh: {e}", have_got=False)

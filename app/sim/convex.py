@@ -234,13 +234,16 @@ def clip_segment_to_poly_face(hulls: ti.template(), h, s, f, n, a, b):
 # ---------------------------------------------------------------------------------------------------- clipping
 @ti.func
 def _row(m, k):
+    """Row k (runtime) of a matrix of points, a vec3."""
     return vec3(m[k, 0], m[k, 1], m[k, 2])
 
 
 @ti.func
-def _clip(poly, count, m, o):
-    """Sutherland-Hodgman on a CLIP_ROWS-row polygon: keep the part with m . x <= o."""
-    out = ti.Matrix.zero(ti.f32, CLIP_ROWS, 3)
+def clip_polygon(poly, count, m, o):
+    """Sutherland-Hodgman: keep the part of polygon (rows 0..count-1 of an R x 3 matrix, R at compile time) with
+    m . x <= o; at most R rows of the result."""
+    rows = ti.static(poly.n)
+    out = ti.Matrix.zero(ti.f32, rows, 3)
     n_out = 0
     for a in range(count):
         b = (a + 1) % count
@@ -248,12 +251,12 @@ def _clip(poly, count, m, o):
         xb = _row(poly, b)
         da = m.dot(xa) - o
         db = m.dot(xb) - o
-        if da <= 0 and n_out < CLIP_ROWS:
+        if da <= 0 and n_out < rows:
             for d in ti.static(range(3)):
                 out[n_out, d] = xa[d]
             n_out += 1
         if (da < 0 and db > 0) or (da > 0 and db < 0):
-            if n_out < CLIP_ROWS:
+            if n_out < rows:
                 x = xa + (xb - xa) * (da / (da - db))
                 for d in ti.static(range(3)):
                     out[n_out, d] = x[d]
@@ -544,7 +547,7 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
                 vb = poly_vertex(hulls, hr, sr, hulls.loops.get(hr, rfirst + (q + 1) % rcount))
                 side = (vb - va).cross(nr)
                 if count > 0:
-                    poly, count = _clip(poly, count, side, side.dot(va))
+                    poly, count = clip_polygon(poly, count, side, side.dot(va))
             depth = ti.Vector.zero(ti.f32, CLIP_ROWS)
             keep = 0
             for q in range(count):

@@ -26,7 +26,8 @@ from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHER
 from app.sim.broadphase import HULL_CLASS, kernel_candidate_pairs
 from app.sim.capsule import (PARALLEL_SIN, box_closest, capsule_segment, clip_segment_to_face, closest_on_segment,
                              segment_box_deepest, segments_closest)
-from app.sim.convex import collide_capsule_poly, collide_hull_plane, collide_poly_sphere, collide_polytopes
+from app.sim.convex import (clip_polygon, collide_capsule_poly, collide_hull_plane, collide_poly_sphere,
+                            collide_polytopes, reduce_to_four)
 from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal, feature_key, with_place
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
@@ -355,30 +356,6 @@ def _support_face_vertices(pc, R, h, k, sgn):
 
 
 @ti.func
-def _clip_polygon(poly, count, m, o):
-    """Sutherland-Hodgman: keep the part of polygon (rows 0..count-1 of an 8x3 matrix) with dot(m, x) <= o."""
-    out = ti.Matrix.zero(ti.f32, 8, 3)
-    n_out = 0
-    for a in range(count):
-        b = (a + 1) % count
-        xa = ti.Vector([poly[a, 0], poly[a, 1], poly[a, 2]])
-        xb = ti.Vector([poly[b, 0], poly[b, 1], poly[b, 2]])
-        da = m.dot(xa) - o
-        db = m.dot(xb) - o
-        if da <= 0 and n_out < 8:
-            for d in ti.static(range(3)):
-                out[n_out, d] = xa[d]
-            n_out += 1
-        if (da < 0 and db > 0) or (da > 0 and db < 0):
-            if n_out < 8:
-                x = xa + (xb - xa) * (da / (da - db))
-                for d in ti.static(range(3)):
-                    out[n_out, d] = x[d]
-                n_out += 1
-    return out, n_out
-
-
-@ti.func
 def _axis(R, k: ti.template()):
     """Column k (compile time) of R."""
     return ti.Vector([R[0, k], R[1, k], R[2, k]])
@@ -521,7 +498,7 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
                 hw = hru if side < 2 else hrv
                 sg = 1.0 if side % 2 == 0 else -1.0
                 if count > 0:
-                    poly, count = _clip_polygon(poly, count, sg * ax, sg * ax.dot(pr) + hw)
+                    poly, count = clip_polygon(poly, count, sg * ax, sg * ax.dot(pr) + hw)
             cr = pr + nr * _pick(hr, k)
             # keep the points at most `margin` above the reference face
             depth = ti.Vector.zero(ti.f32, 8)
@@ -535,44 +512,7 @@ def collide_box_box(pa, Ra, ha, pb, Rb, hb, margin):
                         poly[keep, d] = xm[d]
                     depth[keep] = -sep
                     keep += 1
-            # reduce to at most 4: the deepest, the farthest from it, then the two that span the largest
-            # triangles on either side of that diagonal (keeps the support polygon's area)
-            sel = ti.Vector([-1, -1, -1, -1])
-            if keep <= 4:
-                for m in range(keep):
-                    sel[m] = m
-            else:
-                s0 = 0
-                for m in range(keep):
-                    if depth[m] > depth[s0]:
-                        s0 = m
-                x0 = ti.Vector([poly[s0, 0], poly[s0, 1], poly[s0, 2]])
-                s1 = -1
-                far = -1.0
-                for m in range(keep):
-                    x = ti.Vector([poly[m, 0], poly[m, 1], poly[m, 2]])
-                    dd = (x - x0).norm_sqr()
-                    if m != s0 and dd > far:
-                        far = dd
-                        s1 = m
-                x1 = ti.Vector([poly[s1, 0], poly[s1, 1], poly[s1, 2]])
-                s2 = -1
-                s3 = -1
-                amax = 0.0
-                amin = 0.0
-                for m in range(keep):
-                    if m != s0 and m != s1:
-                        x = ti.Vector([poly[m, 0], poly[m, 1], poly[m, 2]])
-                        area = (x1 - x0).cross(x - x0).dot(nr)
-                        if s2 < 0 or area > amax:
-                            amax = area
-                            s2 = m
-                        if s3 < 0 or area < amin:
-                            amin = area
-                            s3 = m
-                sel = ti.Vector([s0, s1, s2, s3])
-                if s3 == s2:
-                    sel[3] = -1
+            sel = reduce_to_four(poly, depth, keep, nr)
             mf.normal = n
             for m in range(4):
                 if sel[m] >= 0:

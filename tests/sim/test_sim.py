@@ -619,6 +619,15 @@ def _check_junkyard(m, st, tr):
     assert ke[-1] < 0.5 * ke.max()   # landed: the rain's energy mostly gone (spheres still roll into the valleys)
 
 
+def _check_rain(m, st, tr):
+    p = st["position"]
+    assert p[:, 1].min() > -1e-3 and m["overflow_total"] == 0
+    fixed = st["fixed"]
+    assert np.abs(tr["position"][-1, fixed] - tr["position"][0, fixed]).max() == 0.0   # posts and ramp stay
+    ke = np.asarray(m["kinetic_energy"])
+    assert ke[-1] < 0.2 * ke.max()   # the rain has landed
+
+
 def _check_pile(m, st, tr):
     p = st["position"]
     assert np.isfinite(p).all() and m["overflow_total"] == 0
@@ -669,6 +678,7 @@ SCENE_RUNS = {
                                "bodies.0.min=[-1.45, 0.1, -1.45]", "bodies.0.max=[1.45, 4, 1.45]",
                                "bodies.1.min=[-1.45, 4.2, -1.45]", "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),
     "convex_pile": (40, (), _check_convex_pile),
+    "rain": (150, ("bodies.0.count=600", "bodies.1.count=300", "bodies.2.count=300"), _check_rain),
     "junkyard": (90, ("bodies.0.count=150", "bodies.1.count=150", "bodies.2.count=100"), _check_junkyard),
     "convex_pile_100k": (20, ("bodies.0.count=2000", "bodies.1.count=1000", "bodies.0.variants=4",
                               "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
