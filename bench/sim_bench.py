@@ -43,6 +43,13 @@ SMALL_OVERRIDES = {
                   "bodies.0.max=[1.2, 6, 1.2]"),
     "pile_1m": ("bodies.0.count=5000", "static.0.size=[3.5, 6, 3.5]", "bodies.0.min=[-1.7, 0.1, -1.7]",
                 "bodies.0.max=[1.7, 8, 1.7]"),
+    # the same 2,000 bodies in the same container: capsules or rocks where pile_100k has spheres and boxes
+    "capsule_pile_100k": ("bodies.0.count=800", "bodies.1.count=1200", "static.0.size=[2.5, 4, 2.5]",
+                          "bodies.0.min=[-1.2, 0.1, -1.2]", "bodies.0.max=[1.2, 3, 1.2]",
+                          "bodies.1.min=[-1.2, 3.2, -1.2]", "bodies.1.max=[1.2, 6, 1.2]"),
+    "convex_pile_100k": ("bodies.0.count=1400", "bodies.1.count=600", "static.0.size=[2.5, 4, 2.5]",
+                         "bodies.0.min=[-1.2, 0.1, -1.2]", "bodies.0.max=[1.2, 3, 1.2]",
+                         "bodies.1.min=[-1.2, 3.2, -1.2]", "bodies.1.max=[1.2, 6, 1.2]"),
 }
 
 
