@@ -98,6 +98,13 @@ def poly_plane(hulls: ti.template(), h, s, f):
 
 
 @ti.func
+def poly_normal_dir(hulls: ti.template(), h, s, f):
+    """Face f's outward normal direction, not normalised (for the Gauss map's sign tests)."""
+    p = hulls.planes.get(h, f)
+    return vec3(p[0], p[1], p[2]) / s
+
+
+@ti.func
 def poly_loop(hulls: ti.template(), h, f):
     """(first entry, vertex count) of face f's loop in hulls.loops[h]."""
     nf = hulls.planes.length(h)
@@ -464,29 +471,29 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
     e_best = -1
     e_sep = -3.0e38
     e_axis = vec3(0.0)
-    neb = hulls.edges.length(hb)
-    for ea in range(hulls.edges.length(ha)):
+    nea = hulls.edges.length(ha)
+    # B's edges outside: each is moved into A's frame once, then met by every edge of A (loaded as stored)
+    for eb in range(hulls.edges.length(hb)):
         if not separated:
-            ed = hulls.edges.get(ha, ea)
-            p0 = poly_vertex(hulls, ha, sa, ed[0])
-            ua = poly_vertex(hulls, ha, sa, ed[1]) - p0
-            na0, _d0 = poly_plane(hulls, ha, sa, ed[2])
-            na1, _d1 = poly_plane(hulls, ha, sa, ed[3])
-            bxa = na1.cross(na0)
-            for eb in range(neb):
-                eb_ = hulls.edges.get(hb, eb)
-                q0 = Rab @ poly_vertex(hulls, hb, sb, eb_[0]) + tab
-                ub = Rab @ poly_vertex(hulls, hb, sb, eb_[1]) + tab - q0
-                nb0, _e0 = poly_plane(hulls, hb, sb, eb_[2])
-                nb1, _e1 = poly_plane(hulls, hb, sb, eb_[3])
-                c = -(Rab @ nb0)
-                dd = -(Rab @ nb1)
-                dxc = dd.cross(c)
+            eb_ = hulls.edges.get(hb, eb)
+            q0 = Rab @ poly_vertex(hulls, hb, sb, eb_[0]) + tab
+            ub = Rab @ poly_vertex(hulls, hb, sb, eb_[1]) + tab - q0
+            # (the arcs' tests take signs only: the normals need no normalising)
+            c = -(Rab @ poly_normal_dir(hulls, hb, sb, eb_[2]))   # B's Gauss map is negated in A - B
+            dd = -(Rab @ poly_normal_dir(hulls, hb, sb, eb_[3]))
+            dxc = dd.cross(c)
+            for ea in range(nea):
+                ed = hulls.edges.get(ha, ea)
+                na0 = poly_normal_dir(hulls, ha, sa, ed[2])
+                na1 = poly_normal_dir(hulls, ha, sa, ed[3])
+                bxa = na1.cross(na0)
                 cba = c.dot(bxa)
                 dba = dd.dot(bxa)
                 adc = na0.dot(dxc)
                 bdc = na1.dot(dxc)
                 if cba * dba < 0.0 and adc * bdc < 0.0 and cba * bdc > 0.0:
+                    p0 = poly_vertex(hulls, ha, sa, ed[0])
+                    ua = poly_vertex(hulls, ha, sa, ed[1]) - p0
                     axis = ua.cross(ub)
                     ln = axis.norm()
                     if ln > 1e-5 * ua.norm() * ub.norm():
