@@ -459,3 +459,53 @@ def test_speed_keys_follow_the_speed_edges(ti_cpu):
     expect = shape.to_numpy() * rm.COLOR_BUCKETS + np.searchsorted(rm.SPEED_EDGES, speed, side="right")
     np.testing.assert_array_equal(key.to_numpy(), expect)
     assert len(rm.SPEED_RAMP) == len(rm.SPEED_EDGES) + 1 <= rm.COLOR_BUCKETS
+
+
+def test_hulls_are_drawn_live_and_in_replay(ti_cpu, tmp_path):
+    """Convex bodies and static triangles: the live renderer writes every hull body's triangles (3 vertices each,
+    its faces fanned); a recorded run's state.npz names each body's hull, the replay takes the hulls from the
+    reloaded scene and writes the same triangles; a run whose scene no longer matches draws bounding boxes."""
+    from app.scene import scene_from_dict
+    from app.sim import Simulation
+    from app.viewer.render import PoseSource, Renderer, SimSource
+    from app.viewer.replay import load_out_dir
+
+    cube = [[x, y, z] for x in (-0.1, 0.1) for y in (-0.1, 0.1) for z in (-0.1, 0.1)]
+    tet = [[0, 0, 0], [0.2, 0, 0], [0, 0.2, 0], [0, 0, 0.2]]
+    raw = {"name": "hulls", "materials": {"m": {}},
+           "static": [{"type": "heightfield", "heights": [[0, 0, 0], [0, 0.1, 0]], "size": [2, 2], "material": "m"}],
+           "bodies": [{"shape": "convex", "vertices": cube, "position": [0, 1, 0], "material": "m"},
+                      {"shape": "convex", "vertices": tet, "position": [0.5, 1, 0], "material": "m"},
+                      {"shape": "sphere", "radius": 0.1, "position": [-0.5, 1, 0], "material": "m"}]}
+    scene = scene_from_dict(raw)
+    # the cube's 6 faces fan into 12 triangles, the tetrahedron's 4 into 4, the field's 4 triangles (2 cells) 2 each
+    # (both faces): 3 vertices a triangle
+    expected = 3 * (12 + 4 + 4 * 2)
+    sim = Simulation(scene, verbose=False)
+    live = Renderer(SimSource(sim), aspect=16 / 9)
+    live.update()
+    assert live.hull_vertices == expected
+    from app.headless import run_headless
+
+    out = tmp_path / "out"
+    import yaml
+
+    (tmp_path / "hulls.yaml").write_text(yaml.safe_dump(raw))
+    run_headless(str(tmp_path / "hulls.yaml"), 2, out, arch="cpu", progress=False)
+    shapes, (pos, quat), _, scene2 = load_out_dir(str(out))
+    assert "hulls" in shapes and (shapes["hull"] >= 0).sum() == 2 + 4
+    src = PoseSource(shapes, scene2.statics)
+    src.set_poses(pos, quat)
+    replay = Renderer(src, aspect=16 / 9)
+    replay.update()
+    assert replay.hull_vertices == expected
+    # the scene changed since the run (another hull): bounding boxes, no hull mesh
+    raw["bodies"][1]["vertices"] = cube
+    (tmp_path / "hulls.yaml").write_text(yaml.safe_dump(raw))
+    shapes, (pos, quat), _, scene3 = load_out_dir(str(out))
+    assert "hulls" not in shapes
+    src = PoseSource(shapes, scene3.statics if scene3 else ())
+    src.set_poses(pos, quat)
+    boxes = Renderer(src, aspect=16 / 9)
+    boxes.update()
+    assert boxes.hull_vertices == 0 and boxes._host_counts.sum() == 3 + 4
