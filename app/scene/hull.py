@@ -39,6 +39,7 @@ class Hull:
     edges: np.ndarray
     volume: float
     inertia: np.ndarray
+    one_sided: bool = False   # a static triangle that only its front side touches (triangle_hull)
 
     @property
     def inradius(self) -> float:
@@ -47,7 +48,7 @@ class Hull:
 
     def key(self):
         """Identity for de-duplication: equal keys, equal hulls."""
-        return (self.vertices.round(9).tobytes(), tuple(tuple(f) for f in self.faces))
+        return (self.vertices.round(9).tobytes(), tuple(tuple(f) for f in self.faces), self.one_sided)
 
 
 def _initial_simplex(P, tol):
@@ -343,14 +344,16 @@ def read_obj(path):
     return np.array(verts, np.float64), (np.array(tris, np.int64) if tris else None), np.array(lines_of, np.int64)
 
 
-def triangle_hull(a, b, c):
+def triangle_hull(a, b, c, one_sided=False):
     """(hull, centroid (3,)) of the triangle a, b, c (m) as a polytope of zero thickness: its front face (normal
     (b - a) x (c - a), counter-clockwise a, b, c) and its back face, its three edges between them. The separating
     axes of a pair with a triangle are then the two faces' normal and the other body's faces: an edge between the
     front and the back spans no arc of the Gauss map, so no edge pair is tested, and a body sliding over the edge
     between two triangles of a flat mesh meets no sideways axis there (the internal-edge problem of triangle
     meshes); spheres and capsules meet the edges through the closest points (app.sim.convex.poly_closest). Vertices
-    about the centroid; no volume (a static triangle has no mass). Raises HullError for a triangle of zero area."""
+    about the centroid; no volume (a static triangle has no mass). one_sided: only a body whose centre is in front
+    of the triangle's plane touches it (a mesh's back faces are ignored). Raises HullError for a triangle of zero
+    area."""
     P = np.asarray([a, b, c], np.float64)
     n = np.cross(P[1] - P[0], P[2] - P[0])
     area2 = float(np.linalg.norm(n))
@@ -363,7 +366,8 @@ def triangle_hull(a, b, c):
     faces = (np.array([0, 1, 2], np.int32), np.array([0, 2, 1], np.int32))
     planes = np.array([[*n, 0.0], [*(-n), 0.0]])
     edges = np.array([[0, 1, 0, 1], [1, 2, 0, 1], [0, 2, 1, 0]], np.int32)   # (the front loop runs 0 -> 1 -> 2)
-    return Hull(vertices=V, faces=faces, planes=planes, edges=edges, volume=0.0, inertia=np.zeros(3)), centroid
+    return Hull(vertices=V, faces=faces, planes=planes, edges=edges, volume=0.0, inertia=np.zeros(3),
+                one_sided=bool(one_sided)), centroid
 
 
 def heightfield_triangles(heights, size, center):

@@ -217,10 +217,10 @@ def validate(data: dict, path="<dict>") -> Scene:
     if acc.count == 0:
         ctx.fail("bodies", "at least one body", bodies_raw)
     # static triangles: fixed convex bodies of zero thickness after the scene's own bodies (their indices stay)
-    for key, (tris, mat) in triangle_sets:
+    for key, (tris, mat, one_sided) in triangle_sets:
         ctx.take_bodies(key, len(tris))
         for tri in tris:
-            hull, centroid = triangle_hull(*tri)
+            hull, centroid = triangle_hull(*tri, one_sided=one_sided)
             v = hull.vertices
             acc.add(SHAPE_CONVEX, float(np.linalg.norm(v, axis=1).max()), np.abs(v).max(axis=0).tolist(),
                     centroid.tolist(), [1.0, 0.0, 0.0, 0.0], [0.0] * 3, [0.0] * 3, mat, True, hull=acc.hull_index(hull))
@@ -243,11 +243,12 @@ def validate(data: dict, path="<dict>") -> Scene:
 
 
 def static_triangles(ctx, key, s, names, material_index):
-    """(triangles (T, 3, 3) m, material id) of a static `mesh` (an OBJ file's faces, moved by `offset`) or
-    `heightfield` (a grid of heights over `size` about `center`)."""
+    """(triangles (T, 3, 3) m, material id, one-sided) of a static `mesh` (an OBJ file's faces, moved by `offset`) or
+    `heightfield` (a grid of heights over `size` about `center`); `two_sided: false` ignores their back faces."""
     mat = material_index[_material(ctx, f"{key}.material", s.get("material"), names)]
+    one_sided = not _bool(ctx, f"{key}.two_sided", s.get("two_sided", True))
     if s["type"] == "mesh":
-        _check_keys(ctx, key, s, {"type", "file", "offset", "material"}, required=("file", "material"))
+        _check_keys(ctx, key, s, {"type", "file", "offset", "material", "two_sided"}, required=("file", "material"))
         name = _str(ctx, f"{key}.file", s["file"])
         base = os.path.dirname(ctx.path) if ctx.path not in ("<dict>", "") else ""
         path = name if os.path.isabs(name) else os.path.join(base, name)
@@ -256,11 +257,11 @@ def static_triangles(ctx, key, s, names, material_index):
         offset = np.asarray(_vec(ctx, f"{key}.offset", s.get("offset", [0, 0, 0])), np.float64)
         try:
             verts, tris, _lines = read_obj(path)
-            return mesh_triangles_checked(verts + offset, tris), mat
+            return mesh_triangles_checked(verts + offset, tris), mat, one_sided
         except HullError as e:
             ctx.fail(f"{key}.file ({path})", f"a closed or open triangle mesh: {e}", have_got=False)
-    _check_keys(ctx, key, s, {"type", "heights", "size", "center", "material"}, required=("heights", "size",
-                                                                                          "material"))
+    _check_keys(ctx, key, s, {"type", "heights", "size", "center", "material", "two_sided"},
+                required=("heights", "size", "material"))
     h = s["heights"]
     if not (isinstance(h, list) and len(h) >= 2 and all(isinstance(r, list) for r in h)
             and len({len(r) for r in h}) == 1 and len(h[0]) >= 2):
@@ -269,7 +270,7 @@ def static_triangles(ctx, key, s, names, material_index):
     heights = [[_num(ctx, f"{key}.heights[{j}][{i}]", v) for i, v in enumerate(r)] for j, r in enumerate(h)]
     size = _vec(ctx, f"{key}.size", s["size"], 2, positive=True)
     center = _vec(ctx, f"{key}.center", s.get("center", [0, 0, 0]), 3)
-    return heightfield_triangles(heights, size, center), mat
+    return heightfield_triangles(heights, size, center), mat, one_sided
 
 
 def _check_mass(ctx, bodies, materials, ends, hulls):

@@ -51,6 +51,7 @@ class HullTable:
         self.loops = VLA(self.capacity, ti.i32, name="hull_loops", **kw)
         # m: each hull's distance from its centre to its nearest face, its smallest half size (diagnostics)
         self.inradius = ti.field(ti.f32, self.capacity)
+        self.one_sided = ti.field(ti.i32, self.capacity)   # 1: a static triangle touched from its front only
         self.count = 0
 
     def write(self, hulls):
@@ -78,6 +79,9 @@ class HullTable:
         # (a static triangle, of no thickness, leaves the pair's size to the other body)
         inradius[:len(table)] = [h.inradius if h.volume > 0 else 1e30 for h in table]
         self.inradius.from_numpy(inradius)
+        one_sided = np.zeros(self.capacity, np.int32)
+        one_sided[:len(table)] = [int(h.one_sided) for h in table]
+        self.one_sided.from_numpy(one_sided)
         self.count = len(table)
 
 

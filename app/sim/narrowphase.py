@@ -278,6 +278,20 @@ def _polytope_of(model: ti.template(), b):
 
 
 @ti.func
+def _behind_one_sided(model: ti.template(), state: ti.template(), t, b):
+    """Whether body t is a one-sided static triangle (app.scene.hull.triangle_hull) and body b's centre is behind
+    its plane."""
+    behind = False
+    if model.body_shape[t] == SHAPE_CONVEX:
+        h = model.body_hull[t]
+        if model.hulls.one_sided[h] != 0:
+            p = model.hulls.planes.get(h, 0)
+            n = quat_to_mat(state.body_quat[t]) @ vec3(p[0], p[1], p[2])
+            behind = n.dot(state.body_pos[b] - state.body_pos[t]) < 0.0
+    return behind
+
+
+@ti.func
 def hull_pair_manifold(model: ti.template(), state: ti.template(), i, j, margin):
     """Manifold of body i (a convex hull when j < 0) with plane -1 - j, or of bodies i and j, one of them a hull (the
     other any shape); normal from i towards j; size (m): the smaller half size of the two."""
@@ -299,7 +313,9 @@ def hull_pair_manifold(model: ti.template(), state: ti.template(), i, j, margin)
         shape_o = model.body_shape[o]
         ho = model.body_half_extents[o]
         size = size_c
-        if shape_o == SHAPE_SPHERE:
+        if _behind_one_sided(model, state, i, j) or _behind_one_sided(model, state, j, i):
+            pass   # a one-sided static triangle and a body behind it: no contact
+        elif shape_o == SHAPE_SPHERE:
             m = collide_poly_sphere(model.hulls, hc, sc, pc, Rc, state.body_pos[o], ho[0], margin)
             size = ti.min(size, ho[0])
         elif shape_o == SHAPE_CAPSULE:
