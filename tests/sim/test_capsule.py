@@ -7,6 +7,7 @@ ti = pytest.importorskip("taichi")
 
 from app.errors import UserError  # noqa: E402
 from app.runtime import taichi_options  # noqa: E402
+from manifold_probe import store_manifold  # noqa: E402  (tests/sim, on the path)
 from app.scene import SHAPE_CAPSULE, scene_from_dict  # noqa: E402
 from app.scene.schema import body_mass_properties  # noqa: E402
 from app.sim.capsule import PARALLEL_SIN  # noqa: E402
@@ -28,18 +29,6 @@ def arch():
     yield
 
 
-@ti.func
-def _store(m, p, depth: ti.template(), normal: ti.template(), count: ti.template()):
-    """Manifold m's point count, deepest depth and normal into row p of the result arrays."""
-    count[p] = m.count
-    deepest = -1e30
-    for q in range(m.count):
-        deepest = ti.max(deepest, m.depth[q])
-    depth[p] = deepest
-    for d in ti.static(range(3)):
-        normal[p, d] = m.normal[d]
-
-
 @ti.kernel
 def _capsules(seg: ti.types.ndarray(), radii: ti.types.ndarray(), depth: ti.types.ndarray(),
               normal: ti.types.ndarray(), count: ti.types.ndarray()):
@@ -49,7 +38,7 @@ def _capsules(seg: ti.types.ndarray(), radii: ti.types.ndarray(), depth: ti.type
         b0 = ti.Vector([seg[p, 2, 0], seg[p, 2, 1], seg[p, 2, 2]])
         b1 = ti.Vector([seg[p, 3, 0], seg[p, 3, 1], seg[p, 3, 2]])
         m = collide_capsule_capsule(a0, a1, radii[p, 0], b0, b1, radii[p, 1], 10.0)
-        _store(m, p, depth, normal, count)
+        store_manifold(m, p, depth, normal, count)
 
 
 @ti.kernel
@@ -64,7 +53,7 @@ def _capsule_box(seg: ti.types.ndarray(), rc: ti.types.ndarray(), box: ti.types.
         for r, c in ti.static(ti.ndrange(3, 3)):
             R[r, c] = rot[p, r, c]
         m = collide_capsule_box(a, b, rc[p], pb, R, h, 10.0)
-        _store(m, p, depth, normal, count)
+        store_manifold(m, p, depth, normal, count)
 
 
 def _segment_points(a, b, n=SAMPLES):

@@ -10,6 +10,7 @@ ti = pytest.importorskip("taichi")
 
 from app.errors import UserError  # noqa: E402
 from app.runtime import taichi_options  # noqa: E402
+from manifold_probe import store_manifold  # noqa: E402  (tests/sim, on the path)
 from app.scene import scene_from_dict  # noqa: E402
 from app.scene.hull import HullError, box_hull, hull_of  # noqa: E402
 from app.sim.convex import HullTable, collide_capsule_poly, collide_poly_sphere, collide_polytopes  # noqa: E402
@@ -32,17 +33,6 @@ def _v3(a, p, k):
     return ti.Vector([a[p, k, 0], a[p, k, 1], a[p, k, 2]])
 
 
-@ti.func
-def _store(m, p, depth: ti.template(), normal: ti.template(), count: ti.template()):
-    count[p] = m.count
-    deepest = -1e30
-    for q in range(m.count):
-        deepest = ti.max(deepest, m.depth[q])
-    depth[p] = deepest
-    for d in ti.static(range(3)):
-        normal[p, d] = m.normal[d]
-
-
 @ti.kernel
 def _polytopes(hulls: ti.template(), ids: ti.types.ndarray(), vec: ti.types.ndarray(), rot: ti.types.ndarray(),
                depth: ti.types.ndarray(), normal: ti.types.ndarray(), count: ti.types.ndarray()):
@@ -56,7 +46,7 @@ def _polytopes(hulls: ti.template(), ids: ti.types.ndarray(), vec: ti.types.ndar
             Rb[r, c] = rot[p, 1, r, c]
         v = [ti.Vector([vec[p, k, 0], vec[p, k, 1], vec[p, k, 2]]) for k in ti.static(range(4))]
         m = collide_polytopes(hulls, ids[p, 0], v[0], v[1], Ra, ids[p, 1], v[2], v[3], Rb, 0.05, 10.0)
-        _store(m, p, depth, normal, count)
+        store_manifold(m, p, depth, normal, count)
 
 
 def _rotation(rng):
@@ -108,7 +98,7 @@ def _poly_sphere(hulls: ti.template(), ids: ti.types.ndarray(), vec: ti.types.nd
             R[r, c] = rot[p, r, c]
         v = [ti.Vector([vec[p, k, 0], vec[p, k, 1], vec[p, k, 2]]) for k in ti.static(range(4))]
         m = collide_poly_sphere(hulls, ids[p], v[0], v[1], R, v[2], v[3][0], 10.0)
-        _store(m, p, depth, normal, count)
+        store_manifold(m, p, depth, normal, count)
 
 
 @ti.kernel
@@ -122,7 +112,7 @@ def _capsule_poly(hulls: ti.template(), ids: ti.types.ndarray(), vec: ti.types.n
             R[r, c] = rot[p, r, c]
         v = [ti.Vector([vec[p, k, 0], vec[p, k, 1], vec[p, k, 2]]) for k in ti.static(range(5))]
         m = collide_capsule_poly(hulls, v[2], v[3], v[4][0], ids[p], v[0], v[1], R, 10.0)
-        _store(m, p, depth, normal, count)
+        store_manifold(m, p, depth, normal, count)
 
 
 def _table(seed=3, count=3):
