@@ -1,7 +1,8 @@
 """Convex hulls in the narrowphase: their geometry in VLAs, and the contact geometry of every pair with a hull.
 
-A HullTable holds the distinct hulls of a scene (app.scene.hull.Hull), one list per hull in each of four VLAs: its
-vertices, its face planes, its edges (two vertices and the two faces that meet there) and its faces' vertex loops.
+A HullTable holds the distinct hulls of a scene (app.scene.hull.Hull), one list per hull in each of five VLAs: its
+vertices, its face planes, its edges (two vertices and the two faces that meet there), the arcs its edges span on
+the Gauss map, and its faces' vertex loops.
 Hulls have their own numbers of each, which is what a VLA is for; a body's hull is model.body_hull. Hull 0 is the
 unit cube: a box meeting a hull is that cube scaled by its half extents (a polytope below is a hull and a scale), so
 one routine serves hull-hull and hull-box.
@@ -24,6 +25,7 @@ from vla import VLA
 vec3 = ti.types.vector(3, ti.f32)
 vec4 = ti.types.vector(4, ti.f32)
 ivec4 = ti.types.vector(4, ti.i32)
+mat3 = ti.types.matrix(3, 3, ti.f32)
 
 # Rows of a clipping buffer: an incident face of at most MAX_FACE_VERTICES, clipped by as many sides, each adding at
 # most one vertex.
@@ -49,6 +51,9 @@ class HullTable:
         self.planes = VLA(self.capacity, vec4, name="hull_planes", **kw)
         self.edges = VLA(self.capacity, ivec4, name="hull_edges", **kw)
         self.loops = VLA(self.capacity, ti.i32, name="hull_loops", **kw)
+        # per edge, the arc it spans on the Gauss map: rows f0's normal, f1's normal, f1's x f0's (one load a pair in
+        # the separating-axis test's edge loop instead of the edge and its two planes)
+        self.arcs = VLA(self.capacity, mat3, name="hull_arcs", **kw)
         # m: each hull's distance from its centre to its nearest face, its smallest half size (diagnostics)
         self.inradius = ti.field(ti.f32, self.capacity)
         self.one_sided = ti.field(ti.i32, self.capacity)   # 1: a static triangle touched from its front only
@@ -70,6 +75,13 @@ class HullTable:
         self.vertices.from_csr(*csr([h.vertices for h in table], 3, np.float32))
         self.planes.from_csr(*csr([h.planes for h in table], 4, np.float32))
         self.edges.from_csr(*csr([h.edges for h in table], 4, np.int32))
+        arcs = []
+        for h in table:
+            n0 = h.planes[h.edges[:, 2], :3]
+            n1 = h.planes[h.edges[:, 3], :3]
+            arcs.append(np.stack([n0, n1, np.cross(n1, n0)], 1).reshape(-1, 9))
+        offsets, values = csr(arcs, 9, np.float32)
+        self.arcs.from_csr(offsets, values.reshape(-1, 3, 3))
         loops = []
         for h in table:
             starts = np.concatenate([[0], np.cumsum([len(f) for f in h.faces])])
@@ -487,15 +499,18 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
             dd = -(Rab @ poly_normal_dir(hulls, hb, sb, eb_[3]))
             dxc = dd.cross(c)
             for ea in range(nea):
-                ed = hulls.edges.get(ha, ea)
-                na0 = poly_normal_dir(hulls, ha, sa, ed[2])
-                na1 = poly_normal_dir(hulls, ha, sa, ed[3])
-                bxa = na1.cross(na0)
+                # A's arc, scaled: a normal n becomes n / s, and n1 x n0 then (n1 x n0) * s / (sx sy sz), whose
+                # sign the product keeps
+                arc = hulls.arcs.get(ha, ea)
+                na0 = vec3(arc[0, 0], arc[0, 1], arc[0, 2]) / sa
+                na1 = vec3(arc[1, 0], arc[1, 1], arc[1, 2]) / sa
+                bxa = vec3(arc[2, 0], arc[2, 1], arc[2, 2]) * sa
                 cba = c.dot(bxa)
                 dba = dd.dot(bxa)
                 adc = na0.dot(dxc)
                 bdc = na1.dot(dxc)
                 if cba * dba < 0.0 and adc * bdc < 0.0 and cba * bdc > 0.0:
+                    ed = hulls.edges.get(ha, ea)
                     p0 = poly_vertex(hulls, ha, sa, ed[0])
                     ua = poly_vertex(hulls, ha, sa, ed[1]) - p0
                     axis = ua.cross(ub)
