@@ -7,7 +7,7 @@ ti = pytest.importorskip("taichi")
 
 from app.errors import UserError  # noqa: E402
 from app.runtime import taichi_options  # noqa: E402
-from manifold_probe import store_manifold  # noqa: E402  (tests/sim, on the path)
+from manifold_probe import random_rotation, store_manifold  # noqa: E402  (tests/sim, on the path)
 from app.scene import SHAPE_CAPSULE, scene_from_dict  # noqa: E402
 from app.scene.schema import body_mass_properties  # noqa: E402
 from app.sim.capsule import PARALLEL_SIN  # noqa: E402
@@ -61,15 +61,6 @@ def _segment_points(a, b, n=SAMPLES):
     return a[None] + t * (b - a)[None]
 
 
-def _random_rotation(rng):
-    q = rng.normal(size=4)
-    q /= np.linalg.norm(q)
-    w, x, y, z = q
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
-
-
 def _box_sdf(x, h):
     """Signed distance of local points x (N, 3) to the box of half extents h: exact, in float64."""
     q = np.abs(x) - h
@@ -117,7 +108,7 @@ def test_capsule_box_depth_and_normal_match_dense_sampling(arch):
     rot = np.empty((n, 3, 3))
     for p in range(n):
         box[p] = [rng.uniform(-0.2, 0.2, 3), rng.uniform(0.05, 0.4, 3)]
-        rot[p] = _random_rotation(rng)
+        rot[p] = random_rotation(rng)
         c = box[p, 0] + rng.uniform(-0.6, 0.6, 3)
         d = rng.normal(size=3)
         if p % 4 == 0:   # lying along a face: the two-point manifolds

@@ -10,7 +10,7 @@ ti = pytest.importorskip("taichi")
 
 from app.errors import UserError  # noqa: E402
 from app.runtime import taichi_options  # noqa: E402
-from manifold_probe import store_manifold  # noqa: E402  (tests/sim, on the path)
+from manifold_probe import random_rotation, store_manifold  # noqa: E402  (tests/sim, on the path)
 from app.scene import scene_from_dict  # noqa: E402
 from app.scene.hull import HullError, box_hull, hull_of  # noqa: E402
 from app.sim.convex import HullTable, collide_capsule_poly, collide_poly_sphere, collide_polytopes  # noqa: E402
@@ -47,15 +47,6 @@ def _polytopes(hulls: ti.template(), ids: ti.types.ndarray(), vec: ti.types.ndar
         v = [ti.Vector([vec[p, k, 0], vec[p, k, 1], vec[p, k, 2]]) for k in ti.static(range(4))]
         m = collide_polytopes(hulls, ids[p, 0], v[0], v[1], Ra, ids[p, 1], v[2], v[3], Rb, 0.05, 10.0)
         store_manifold(m, p, depth, normal, count)
-
-
-def _rotation(rng):
-    q = rng.normal(size=4)
-    q /= np.linalg.norm(q)
-    w, x, y, z = q
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
 
 
 def reference_gap(support_a, support_b, rng, samples=4000, rounds=120):
@@ -199,7 +190,7 @@ def test_polytopes_depth_and_normal_against_support_search(arch):
     for p in range(P):
         ha, sa, Va = _polytope(rng, table_hulls)
         hb, sb, Vb = _polytope(rng, table_hulls)
-        Ra, Rb = _rotation(rng), _rotation(rng)
+        Ra, Rb = random_rotation(rng), random_rotation(rng)
         d = rng.normal(size=3)
         d /= np.linalg.norm(d)
         t = _place_at_gap(_support(Va, np.zeros(3), Ra), lambda t: _support(Vb, t * d, Rb), d, gaps[p], rng)
@@ -236,7 +227,7 @@ def test_poly_sphere_and_capsule_against_support_search(arch):
     gaps = rng.uniform(-0.02, 0.02, P)
     for p in range(P):
         h, s, V = _polytope(rng, table_hulls)
-        R = _rotation(rng)
+        R = random_rotation(rng)
         d = rng.normal(size=3)
         d /= np.linalg.norm(d)
         r = rng.uniform(0.05, 0.15)
