@@ -331,6 +331,18 @@ def reduce_to_four(poly, depth, keep, nr):
 
 # ---------------------------------------------------------------------------------------------------- pairs
 @ti.func
+def _hull_plane_point(model: ti.template(), hulls: ti.template(), h, v, p, R, nl, base, radius, k, margin):
+    """(point m, depth m, accepted) of vertex v of hull h (at p turned by R) against plane k: nl the plane's normal
+    in the hull's frame, base the depth of the hull's centre; accepted when within the margin and where the plane
+    takes contacts (plane_accepts)."""
+    x = hulls.vertices.get(h, v)
+    d = base - nl.dot(x)
+    n = model.plane_normal[k]
+    point = p + R @ x + 0.5 * d * n
+    return point, d, d > -margin and plane_accepts(model, k, point, d, base, radius)
+
+
+@ti.func
 def collide_hull_plane(model: ti.template(), hulls: ti.template(), h, p, R, radius, k, margin):
     """Hull h at p turned by R (bounding radius `radius`) against plane k: its vertices below the plane (within the
     margin), reduced to 4 as reduce_to_four does, streaming over the vertices instead of buffering them."""
@@ -340,34 +352,29 @@ def collide_hull_plane(model: ti.template(), hulls: ti.template(), h, p, R, radi
     base = model.plane_offset[k] - n.dot(p)   # the depth of the body's centre (positive behind the plane)
     nl = R.transpose() @ n
     nv = hulls.vertices.length(h)
-    one = vec3(1.0)
     s0 = -1
     best = -3.0e38
     accepted = 0
     for v in range(nv):
-        x = hulls.vertices.get(h, v)
-        d = base - nl.dot(x)
-        if d > -margin and plane_accepts(model, k, p + R @ x + 0.5 * d * n, d, base, radius):
+        _x, d, ok = _hull_plane_point(model, hulls, h, v, p, R, nl, base, radius, k, margin)
+        if ok:
             accepted += 1
             if d > best:
                 best = d
                 s0 = v
     if accepted > 0 and accepted <= 4:
         for v in range(nv):
-            x = hulls.vertices.get(h, v)
-            d = base - nl.dot(x)
-            if d > -margin and plane_accepts(model, k, p + R @ x + 0.5 * d * n, d, base, radius):
-                manifold_add(m, p + R @ x + 0.5 * d * n, d, v)
+            x, d, ok = _hull_plane_point(model, hulls, h, v, p, R, nl, base, radius, k, margin)
+            if ok:
+                manifold_add(m, x, d, v)
     elif accepted > 4:
-        x0 = poly_vertex(hulls, h, one, s0)
+        x0 = hulls.vertices.get(h, s0)
         s1 = -1
         far = -1.0
         for v in range(nv):
-            x = hulls.vertices.get(h, v)
-            d = base - nl.dot(x)
-            dd = (x - x0).norm_sqr()
-            if v != s0 and dd > far and d > -margin and plane_accepts(model, k, p + R @ x + 0.5 * d * n, d, base,
-                                                                       radius):
+            _x, _d, ok = _hull_plane_point(model, hulls, h, v, p, R, nl, base, radius, k, margin)
+            dd = (hulls.vertices.get(h, v) - x0).norm_sqr()
+            if v != s0 and dd > far and ok:
                 far = dd
                 s1 = v
         x1 = hulls.vertices.get(h, s1)
@@ -376,11 +383,9 @@ def collide_hull_plane(model: ti.template(), hulls: ti.template(), h, p, R, radi
         amax = 0.0
         amin = 0.0
         for v in range(nv):
-            x = hulls.vertices.get(h, v)
-            d = base - nl.dot(x)
-            if v != s0 and v != s1 and d > -margin and plane_accepts(model, k, p + R @ x + 0.5 * d * n, d, base,
-                                                                       radius):
-                area = (x1 - x0).cross(x - x0).dot(nl)
+            _x, _d, ok = _hull_plane_point(model, hulls, h, v, p, R, nl, base, radius, k, margin)
+            if v != s0 and v != s1 and ok:
+                area = (x1 - x0).cross(hulls.vertices.get(h, v) - x0).dot(nl)
                 if s2 < 0 or area > amax:
                     amax = area
                     s2 = v
@@ -396,9 +401,8 @@ def collide_hull_plane(model: ti.template(), hulls: ti.template(), h, p, R, radi
             elif ti.static(q == 3):
                 v = ti.select(s3 == s2, -1, s3)
             if v >= 0:
-                x = hulls.vertices.get(h, v)
-                d = base - nl.dot(x)
-                manifold_add(m, p + R @ x + 0.5 * d * n, d, v)
+                x, d, _ok = _hull_plane_point(model, hulls, h, v, p, R, nl, base, radius, k, margin)
+                manifold_add(m, x, d, v)
     return m
 
 
