@@ -244,9 +244,11 @@ def validate(data: dict, path="<dict>") -> Scene:
 
 def static_triangles(ctx, key, s, names, material_index):
     """(triangles (T, 3, 3) m, material id, one-sided) of a static `mesh` (an OBJ file's faces, moved by `offset`) or
-    `heightfield` (a grid of heights over `size` about `center`); `two_sided: false` ignores their back faces."""
+    `heightfield` (a grid of heights over `size` about `center`); `two_sided: false` ignores their back faces (a
+    heightfield's default; a mesh's is true)."""
     mat = material_index[_material(ctx, f"{key}.material", s.get("material"), names)]
-    one_sided = not _bool(ctx, f"{key}.two_sided", s.get("two_sided", True))
+    # a heightfield is ground (nothing belongs under it): one-sided unless asked; a mesh may be met from either side
+    one_sided = not _bool(ctx, f"{key}.two_sided", s.get("two_sided", s["type"] == "mesh"))
     if s["type"] == "mesh":
         _check_keys(ctx, key, s, {"type", "file", "offset", "material", "two_sided"}, required=("file", "material"))
         name = _str(ctx, f"{key}.file", s["file"])

@@ -11,6 +11,13 @@ cells: the largest radius above is that of the other bodies (model.grid_large_ra
 (grid.large_ids), the cell search skips every pair that involves one, and a pass of its own tests every body
 against every large body: O(n) per large body instead of cells as wide as the largest body.
 
+Static bodies (fixed in the scene: walls, posts, the triangles of static meshes and heightfields) neither sit in the
+cells nor size them. Each is listed, once, in the bucket of every cell within one cell of its bounding box
+(static_cells, built on the host when the bodies are written, with a bucket layout of its own sized to the static
+bodies' extent: static_bucket), and a moving body looks there from its own cell: a
+terrain of triangles larger than the bodies, or thousands of fixed bodies, costs the moving bodies a bucket's list
+each instead of cells as wide as the largest triangle.
+
 Buckets are the Morton (Z-order) code of the cell coordinates taken modulo a period of P = 2^b cells per
 axis (table_size = P^3): the world wraps around every P cells, so two far-apart cells can share a bucket,
 which only costs extra bounding-sphere tests. Because P >= 3 (the grid uses P >= 4), the 27 cells around
@@ -110,14 +117,35 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
             reach = dt * (state.body_vel[i].norm() + state.body_omega[i].norm() * r)
         grid.body_reach[i] = reach
         state.body_woken[i] = 0
-        h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
-        grid.body_bucket[i] = h
-        grid.body_slot[i] = grid.cells.append(h, i)
-        if r > large_r:  # (grid_radius makes them at most MAX_LARGE_BODIES)
-            grid.large_ids[ti.atomic_add(grid.large_count[None], 1)] = i
+        if _static_rank(model, grid, i) < 0:
+            h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
+            grid.body_bucket[i] = h
+            grid.body_slot[i] = grid.cells.append(h, i)
+            if r > large_r:  # (grid_radius makes them at most MAX_LARGE_BODIES)
+                grid.large_ids[ti.atomic_add(grid.large_count[None], 1)] = i
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
     for i in range(n):
-        grid.body_order[grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]] = i
+        rank = _static_rank(model, grid, i)
+        if rank < 0:
+            grid.body_order[grid.bucket_start[grid.body_bucket[i]] + grid.body_slot[i]] = i
+        else:   # static bodies last, by rank (static_order_start)
+            grid.body_order[_static_order_start(model) + rank] = i
+
+
+@ti.func
+def _static_rank(model: ti.template(), grid: ti.template(), i):
+    """Body i's rank among the static bodies (model.body_static_rank), -1 for the others and in a Grid without
+    static cells (every body then sits in the cells)."""
+    rank = -1
+    if ti.static(grid.has_static):
+        rank = model.body_static_rank[i]
+    return rank
+
+
+@ti.func
+def _static_order_start(model: ti.template()):
+    """Position in grid.body_order of the static body of rank 0 (they follow the others, by rank)."""
+    return model.body_count[None] - model.static_count[None]
 
 
 # Rounds of waking per step (kernel_wake_touched): a sleeping body touched by a moving one wakes, and so do up to
@@ -192,6 +220,66 @@ def kernel_wake_touched(model: ti.template(), state: ti.template(), grid: ti.tem
                 _wake_from_neighbours(model, state, grid, i, r)
 
 
+@ti.func
+def static_bucket(grid: ti.template(), c):
+    """Bucket of integer cell c in grid.static_cells: each coordinate modulo 2^bits of its axis (grid.static_bits,
+    app.sim.model.ModelBuilder.static_cells), x in the lowest bits."""
+    b = grid.static_bits[None]
+    return (c[0] & ((1 << b[0]) - 1)) | ((c[1] & ((1 << b[1]) - 1)) << b[0]) | \
+        ((c[2] & ((1 << b[2]) - 1)) << (b[0] + b[1]))
+
+
+@ti.func
+def _near_static(model: ti.template(), grid: ti.template(), i, j, rank, reach_i):
+    """Whether moving body i's bounding sphere comes within the larger of the contact margin and its reach of both
+    the bounding sphere and the bounding box (grid.static_lo / static_hi) of static body j of rank `rank`: each
+    holds all of j, so a pair that fails either cannot touch in the step, and a flat triangle's box is far tighter
+    than its sphere."""
+    si = grid.body_sphere[i]
+    sj = grid.body_sphere[j]
+    p = ti.Vector([si[0], si[1], si[2]])
+    reach = si[3] + ti.max(model.contact_margin[None], reach_i)
+    d = ti.max(grid.static_lo[rank] - p, p - grid.static_hi[rank], 0.0)
+    return d.norm() <= reach and (ti.Vector([sj[0], sj[1], sj[2]]) - p).norm() <= reach + sj[3]
+
+
+@ti.func
+def _static_candidate(model: ti.template(), grid: ti.template(), t, i, rank, reach_i):
+    """List the static body of rank `rank` as a candidate pair of moving body i (order position t) if it is near
+    (_near_static)."""
+    j = grid.body_order[_static_order_start(model) + rank]
+    if _near_static(model, grid, i, j, rank, reach_i):
+        grid.pairs.append(grid.pair_list(pair_class(grid, model.body_shape[i], model.body_shape[j]), t), j)
+
+
+@ti.func
+def _static_candidates(model: ti.template(), grid: ti.template(), t, i, c, reach_i):
+    """The pairs of moving body i (order position t, in cell c, not large) with the static bodies.
+
+    A static body is listed in every cell within one cell of its bounding box (ModelBuilder.static_cells), so the
+    bucket of i's own cell lists every static body i can touch when i reaches no further than a cell from its
+    centre (radius, then the larger of margin and reach: a body slower than about a cell a step). A faster body
+    looks in the 27 cells around its own, which reaches two cells, and takes a static body from the first of those
+    buckets that lists it (a body listed in several of them, or a bucket met twice, pairs once)."""
+    ri = grid.body_sphere[i][3]
+    if ri + ti.max(model.contact_margin[None], reach_i) <= model.grid_cell_size[None]:
+        h = static_bucket(grid, c)
+        for s in range(grid.static_cells.length(h)):
+            _static_candidate(model, grid, t, i, grid.static_cells.get(h, s), reach_i)
+    else:
+        for nb in range(27):
+            h = static_bucket(grid, c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]))
+            for s in range(grid.static_cells.length(h)):
+                rank = grid.static_cells.get(h, s)
+                seen = False
+                for nb2 in range(nb):
+                    h2 = static_bucket(grid, c + ti.Vector([nb2 % 3 - 1, (nb2 // 3) % 3 - 1, nb2 // 9 - 1]))
+                    for s2 in range(grid.static_cells.length(h2)):
+                        seen = seen or grid.static_cells.get(h2, s2) == rank
+                if not seen:
+                    _static_candidate(model, grid, t, i, rank, reach_i)
+
+
 @ti.kernel
 def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
     """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists bodies j whose
@@ -234,11 +322,15 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
                 if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -ti.max(margin, reach_i):
                     grid.pairs.append(grid.pair_list(pair_class(grid, shape_i, 0), t), -1 - k)
         c = grid_cell_of(pi_, cs)
+        static_i = _static_rank(model, grid, i) >= 0
+        if ti.static(grid.has_static):
+            if not fixed_i and ri <= large_r:
+                _static_candidates(model, grid, t, i, c, reach_i)
         # Half the neighbourhood: the own cell (pairs j > i) and the 13 cells whose offset (dz, dy, dx) is
         # lexicographically positive (all their bodies). A pair in two different cells is seen from exactly
         # one of them, the one whose positive half holds the other's cell: half the cells and distance tests
         # of visiting all 27 with j > i. (The 27 buckets are distinct: the grid's period is >= 4 cells.)
-        for nb in range(13, 27):
+        for nb in range(13, ti.select(static_i, 13, 27)):   # (a static body's pairs: the pass above)
             h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
             for s in range(grid.cells.length(h)):
                 j = grid.cells.get(h, s)
@@ -257,11 +349,17 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         big = grid.large_ids[q]
         si = grid.body_sphere[i]
         sb = grid.body_sphere[big]
-        # each pair once: a body that is not large lists its pairs with every large one; of two large bodies, the
-        # one of lower index
-        if i != big and (si[3] <= large_r or i < big):
-            if (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
-                    ti.max(margin, grid.body_reach[i] + grid.body_reach[big]):
+        # each pair once: a body that is not large (or static: static bodies are never in large_ids) lists its pairs
+        # with every large one; of two large bodies, the one of lower index
+        rank = _static_rank(model, grid, i)
+        if i != big and (si[3] <= large_r or i < big or rank >= 0):
+            near = False
+            if rank >= 0:
+                near = _near_static(model, grid, big, i, rank, grid.body_reach[big])
+            else:
+                near = (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
+                    ti.max(margin, grid.body_reach[i] + grid.body_reach[big])
+            if near:
                 if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
                     grid.pairs.append(grid.pair_list(pair_class(grid, model.body_shape[i], model.body_shape[big]), t), big)
 
@@ -278,9 +376,12 @@ class Grid:
     pairs: vla.VLA(pair_classes * body_capacity, ti.i32): candidate pairs per pair class and order position,
         list pair_list(c, t) = c * body_capacity + t (kernel_candidate_pairs), class c = pair_class(...).
     pair_classes: PAIR_CLASSES, one more with hull_class; compact_classes: the classes packed densely.
+    static_cells: vla.VLA(table_size, ti.i32) of static body ranks per bucket (set_static), or None. Static bodies
+        (app.sim.model.Model.body_static_rank) are not in `cells`; they come last in body_order, by rank.
+        static_lo, static_hi: vec3 (m) by rank, their world bounding boxes; static_bits: static_bucket's layout.
     """
 
-    def __init__(self, body_capacity: int, hull_class: bool = False):
+    def __init__(self, body_capacity: int, hull_class: bool = False, static_cells: bool = False):
         import numpy as np
 
         from vla import VLA
@@ -291,7 +392,8 @@ class Grid:
         if bits > 10:
             raise ValueError(f"Grid: {body_capacity} bodies need more than 2^30 buckets")
         self.axis_mask = (1 << bits) - 1
-        self.table_size = 1 << (3 * bits)
+        self.table_bits = 3 * bits
+        self.table_size = 1 << self.table_bits
         # Every bucket owns room for 12 centres up front (4 inline + one 8-element chunk): a dense pile puts
         # up to ~8 centres in a cell, and each pool growth mid-run re-lays the pool out (measured: 96 growths
         # in 40 frames of the default scene with a shared, unassigned reserve).
@@ -335,6 +437,14 @@ class Grid:
         self.compact_start = ti.field(ti.i32, n_compact_lists + 1)
         self.compact_scan_scratch = ti.field(ti.i32, scan_scratch_size(n_compact_lists))
         self.compact_pairs = None
+        # Static bodies by bucket (ranks, ModelBuilder.static_cells; set_static), in a Grid made for scenes with
+        # static bodies: the others compile no static pass and every body sits in the cells.
+        self.has_static = bool(static_cells)
+        self.static_cells = VLA(self.table_size, ti.i32, name="static_cells") if static_cells else None
+        self.static_bits = ti.Vector.field(3, ti.i32, ())   # (static_bucket)
+        # each static body's world bounding box (m), by rank: a moving body meets it when its sphere comes near it
+        self.static_lo = ti.Vector.field(3, ti.f32, n if static_cells else 1)
+        self.static_hi = ti.Vector.field(3, ti.f32, n if static_cells else 1)
 
     def compact_pairs_size(self, n: int) -> int:
         """Entries the compacted-pair buffer needs before a narrowphase of n bodies: every readable
@@ -358,6 +468,25 @@ class Grid:
     def pair_list(self, c, t):
         """List of grid.pairs holding the class-c candidate pairs of order position t."""
         return c * self.pair_stride + t
+
+    def set_static(self, builder, model):
+        import numpy as np
+
+        """List the static bodies of `builder` (app.sim.model.ModelBuilder, just written into `model`) in the buckets
+        around them, for the cell size the model was given. Needed after every write of the bodies: the cell size
+        follows the moving bodies. A Grid without static cells takes a definition without static bodies only."""
+        if self.static_cells is None:
+            if builder.static_count:
+                raise ValueError("Grid.set_static: static bodies for a Grid made without static cells")
+            return
+        offsets, ranks, bits = builder.static_cells(float(model.grid_cell_size[None]), self.table_bits)
+        self.static_cells.from_csr(offsets, ranks)
+        self.static_bits[None] = [int(b) for b in bits]
+        k = np.flatnonzero(builder.bodies["static"])   # (rank order)
+        for field, key in ((self.static_lo, "box_lo"), (self.static_hi, "box_hi")):
+            box = np.zeros((field.shape[0], 3), np.float32)
+            box[:k.size] = builder.bodies[key][k]
+            field.from_numpy(box)
 
     def reset(self):
         """Empty the candidate-pair lists (a newly loaded scene may have fewer bodies than the last one: the

@@ -36,6 +36,10 @@ CLIP_ROWS = 2 * MAX_FACE_VERTICES
 EDGE_FEATURE = 1 << 20
 
 
+# HullTable.inradius of a hull without volume: a static triangle (app.scene.hull.triangle_hull).
+FLAT_INRADIUS = 1e30
+
+
 @ti.data_oriented
 class HullTable:
     """The hulls of a Model: hull 0 the unit cube, then a scene's hulls in its order (model.body_hull = scene index +
@@ -89,7 +93,7 @@ class HullTable:
         self.loops.from_csr(*csr(loops, 1, np.int32))
         inradius = np.zeros(self.capacity, np.float32)
         # (a static triangle, of no thickness, leaves the pair's size to the other body)
-        inradius[:len(table)] = [h.inradius if h.volume > 0 else 1e30 for h in table]
+        inradius[:len(table)] = [h.inradius if h.volume > 0 else FLAT_INRADIUS for h in table]
         self.inradius.from_numpy(inradius)
         one_sided = np.zeros(self.capacity, np.int32)
         one_sided[:len(table)] = [int(h.one_sided) for h in table]
@@ -456,6 +460,32 @@ def collide_capsule_poly(hulls: ti.template(), a, b, rc, h, s, p, R, margin):
 
 
 @ti.func
+def flat_side_separation(hulls: ti.template(), hf, sf, ho, so, R, t):
+    """How far (m) polytope (ho, so), moved into flat polytope hf's frame by x -> R x + t, lies beyond the nearest
+    of the planes through hf's edges that hold its face normal (positive: wholly outside the triangle's prism).
+
+    A static triangle's edges span no arc of the Gauss map (app.scene.hull.triangle_hull), so no edge axis of a pair
+    with a triangle is tested, and a body beside a triangle, below the plane of its face, overlaps it on every axis
+    left: its face normal and the body's faces. These side planes are separating axes too (the triangle lies inside
+    each), and a pair they separate has no contact. They never become the contact normal: a body resting across the
+    edge between two triangles of a flat mesh straddles the edge's plane, and one over the neighbour is that
+    triangle's."""
+    n, _d = poly_plane(hulls, hf, sf, 0)
+    first, count = poly_loop(hulls, hf, 0)
+    best = -3.0e38
+    for q in range(count):
+        va = poly_vertex(hulls, hf, sf, hulls.loops.get(hf, first + q))
+        vb = poly_vertex(hulls, hf, sf, hulls.loops.get(hf, first + (q + 1) % count))
+        side = (vb - va).cross(n)   # (outward: the loop runs counter-clockwise about n)
+        side = side / side.norm()
+        lo = 3.0e38
+        for k in range(hulls.vertices.length(ho)):
+            lo = ti.min(lo, side.dot(R @ poly_vertex(hulls, ho, so, k) + t - va))
+        best = ti.max(best, lo)
+    return best
+
+
+@ti.func
 def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size, margin):
     """Polytopes (ha, sa) at pa turned by Ra and (hb, sb) at pb turned by Rb: separating axes (faces of both, edge
     pairs that form a face of the Minkowski difference), then a face manifold clipped and reduced to 4 points, or one
@@ -467,11 +497,18 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
     separated = False
     fa_best = -1
     fa_sep = -3.0e38
+    # A static triangle's two faces: only the one whose side the other body's centre is on can push it (a body pressed
+    # deep into a two-sided triangle, or beside it below the plane of its face, would otherwise find the far face's
+    # axis the shallower and be pushed through)
+    flat_a = hulls.inradius[ha] > 0.5 * FLAT_INRADIUS
+    flat_b = hulls.inradius[hb] > 0.5 * FLAT_INRADIUS
+    cb_in_a = tab                             # B's centre in A's frame
+    ca_in_b = -(Rab.transpose() @ tab)        # A's centre in B's frame
     for f in range(hulls.planes.length(ha)):
         if not separated:
             n, d = poly_plane(hulls, ha, sa, f)
             sep = poly_support_min(hulls, hb, sb, Rab.transpose() @ n) + n.dot(tab) - d
-            if sep > fa_sep:
+            if sep > fa_sep and (not flat_a or n.dot(cb_in_a) >= d):
                 fa_sep = sep
                 fa_best = f
             if sep > margin:
@@ -483,11 +520,15 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
             n, d = poly_plane(hulls, hb, sb, f)
             na = Rab @ n
             sep = poly_support_min(hulls, ha, sa, na) - na.dot(tab) - d
-            if sep > fb_sep:
+            if sep > fb_sep and (not flat_b or n.dot(ca_in_b) >= d):
                 fb_sep = sep
                 fb_best = f
             if sep > margin:
                 separated = True
+    if not separated and flat_b:
+        separated = flat_side_separation(hulls, hb, sb, ha, sa, Rab.transpose(), ca_in_b) > 0.0
+    if not separated and flat_a:
+        separated = flat_side_separation(hulls, ha, sa, hb, sb, Rab, tab) > 0.0
     e_best = -1
     e_sep = -3.0e38
     e_axis = vec3(0.0)
@@ -590,18 +631,43 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
                     depth[keep] = -sep
                     keep += 1
             if keep == 0:
-                # Nothing of the incident face lies over the reference face (polytopes apart, nearest at a vertex or
-                # an edge): one speculative point, the incident polytope's vertex nearest the reference plane.
+                # Nothing of the incident face lies over the reference face: one point, the incident polytope's
+                # vertex nearest the reference plane among those over the reference face (the deepest vertex of a
+                # polytope meeting a small face through a vertex whose faces are all steep), else among all of them
+                # if it is above the plane (polytopes apart, nearest at a vertex or an edge: a speculative point).
+                # With a static triangle, a vertex beside the reference face and below its plane touches nothing
+                # there: a body beside the triangle, below the plane of its face, is outside it (flat_side_separation;
+                # two solids overlap wherever the axes say so).
+                flat = hulls.inradius[hr] > 0.5 * FLAT_INRADIUS or hulls.inradius[hi] > 0.5 * FLAT_INRADIUS
                 lo = 3.0e38
+                lo_over = 3.0e38
+                x_lo = vec3(0.0)
+                x_over = vec3(0.0)
                 for v in range(hulls.vertices.length(hi)):
                     x = Rir @ poly_vertex(hulls, hi, si, v) + tir
                     sep = nr.dot(x) - dr
                     if sep < lo:
                         lo = sep
-                        for k in ti.static(range(3)):
-                            poly[0, k] = x[k] - nr[k] * (0.5 * sep)
-                if lo < margin:
-                    depth[0] = -lo
+                        x_lo = x
+                    if flat and sep < lo_over:
+                        over = True
+                        for q in range(rcount):
+                            va = poly_vertex(hulls, hr, sr, hulls.loops.get(hr, rfirst + q))
+                            vb = poly_vertex(hulls, hr, sr, hulls.loops.get(hr, rfirst + (q + 1) % rcount))
+                            over = over and (vb - va).cross(nr).dot(x - va) <= 0.0
+                        if over:
+                            lo_over = sep
+                            x_over = x
+                if not flat:   # (two solids: every axis was tested, so the deepest vertex is a contact)
+                    lo_over = lo
+                    x_over = x_lo
+                if lo_over >= margin and 0.0 <= lo < margin:
+                    lo_over = lo
+                    x_over = x_lo
+                if lo_over < margin:
+                    for k in ti.static(range(3)):
+                        poly[0, k] = x_over[k] - nr[k] * (0.5 * lo_over)
+                    depth[0] = -lo_over
                     keep = 1
             sel = reduce_to_four(poly, depth, keep, nr)
             pr = pa

@@ -49,6 +49,12 @@ def grid_radius(radius: np.ndarray, factor: float = LARGE_RADIUS_FACTOR) -> floa
     return float(r.max() if n_large == 0 else np.partition(r, r.size - 1 - n_large)[r.size - 1 - n_large])
 
 
+def has_static_bodies(bodies) -> bool:
+    """Whether validated scene bodies include a static one: fixed and not kinematic (Model.body_static_rank)."""
+    fixed = np.asarray(bodies["fixed"], bool)
+    return bool((fixed & ~np.asarray(bodies.get("kinematic", np.zeros(fixed.shape, bool)), bool)).any())
+
+
 def plane_rows(statics, bounding_radius_max: float):
     """Expand static geometry into half-space rows (normal, offset, material, clip normal, clip offset,
     thickness). A container becomes five rows: the floor and four inward-facing walls whose contacts are
@@ -75,7 +81,7 @@ def plane_rows(statics, bounding_radius_max: float):
 # The Model's per-body fields: what store_in_order moves.
 BODY_FIELDS = ("body_shape", "body_radius", "body_half_extents", "body_mass", "body_inv_mass", "body_inv_inertia",
                "body_material", "body_id", "body_kinematic", "body_kin_pivot", "body_kin_velocity", "body_kin_omega",
-               "body_hull")
+               "body_hull", "body_static_rank")
 
 
 @ti.kernel
@@ -104,6 +110,9 @@ class Model:
             it turns at body_kin_omega (rad/s, world) about the point body_kin_pivot (m, in its own frame), which
             moves at body_kin_velocity (m/s), whatever touches it (app.sim.integrator.kinematic_step).
         body_hull: i32, a convex body's hull in `hulls` (its scene hull index + 1; 0 for the other shapes).
+        body_static_rank: i32, a static body's rank among the static bodies (0 .. static_count - 1), -1 for the
+            others. Static: fixed in the scene and not kinematic (static triangles included); the broadphase finds
+            them through a table of their own (app.sim.broadphase, static cells) and they do not size its cells.
     hulls: app.sim.convex.HullTable of hull_capacity hulls (hull 0 the unit cube), or None when hull_capacity is 0
         (a Model for scenes without convex bodies: the narrowphase then compiles no hull code).
     Materials, shape (material_capacity,): material_friction (Coulomb mu), material_restitution (e),
@@ -116,7 +125,7 @@ class Model:
         restitution_threshold m/s, slop m, contact_margin m, position_correction (split-impulse beta),
         warm_start (fraction), max_speed m/s, penetration_limit (fraction of a half-size: app.sim.diagnostics),
         grid_cell_size m, grid_large_radius m (bodies of a larger
-        bounding radius are large: app.sim.broadphase finds their pairs apart from the grid).
+        bounding radius are large: app.sim.broadphase finds their pairs apart from the grid), static_count.
     """
 
     def __init__(self, body_capacity: int, material_capacity: int = 64, plane_capacity: int = 32,
@@ -139,6 +148,7 @@ class Model:
         self.body_kin_velocity = ti.Vector.field(3, ti.f32, n)
         self.body_kin_omega = ti.Vector.field(3, ti.f32, n)
         self.body_hull = ti.field(ti.i32, n)
+        self.body_static_rank = ti.field(ti.i32, n)
         self.hulls = None
         if self.hull_capacity:
             from app.sim.convex import HullTable
@@ -170,6 +180,7 @@ class Model:
         self.sleep_time = ti.field(ti.f32, ())
         self.grid_cell_size = ti.field(ti.f32, ())
         self.grid_large_radius = ti.field(ti.f32, ())
+        self.static_count = ti.field(ti.i32, ())
         self.host_body_count = 0   # body_count[None] on the host (reading the field would sync the device)
 
 
@@ -190,7 +201,8 @@ class ModelBuilder:
     bodies: dict of numpy rows in scene order (bodies added at run time after them): shape (N,) int32, radius (N,)
         m (bounding radius), half_extents (N,3) m, mass (N,) kg, inv_mass (N,) 1/kg, inv_inertia (N,3)
         1/(kg m^2) (body frame), material (N,) int32, fixed (N,) bool, kinematic (N,) bool, kin_pivot, kin_velocity,
-        kin_omega (N,3) (Model.body_kinematic).
+        kin_omega (N,3) (Model.body_kinematic), static (N,) bool (fixed and not kinematic: Model.body_static_rank),
+        box_lo, box_hi (N,3) m: a static body's world bounding box (zero for the others).
     materials: list of dicts {name, density, friction, restitution} (index = material id).
     statics: the scene's static geometry as validated; plane_rows: its half-space rows (plane_rows()).
     params: the runtime parameters (PARAM_KEYS), resolved from the scene's sim mapping.
@@ -232,21 +244,80 @@ class ModelBuilder:
                                             pivot - pos)
             kin["kin_velocity"][k] = np.asarray(bodies["velocity"], np.float64)[k] - np.cross(omega, pos - pivot)
             kin["kin_omega"][k] = omega
-        new = {"shape": bodies["shape"], "radius": body_bounding_radius(bodies), "half_extents": bodies["half_extents"],
+        radius = body_bounding_radius(bodies)
+        static = np.asarray(bodies["fixed"], bool) & ~kinematic
+        box_lo, box_hi = np.zeros((count, 3)), np.zeros((count, 3))
+        if static.any():
+            # a static body never moves: its world bounding box, the tighter of its rotated local box and its sphere
+            k = np.flatnonzero(static)
+            pos = np.asarray(bodies["position"], np.float64)[k]
+            half = np.abs(quat_matrices(np.asarray(bodies["orientation"], np.float64)[k])) @ \
+                np.asarray(bodies["half_extents"], np.float64)[k][:, :, None]
+            half = np.minimum(half[:, :, 0], np.asarray(radius, np.float64)[k][:, None])
+            box_lo[k], box_hi[k] = pos - half, pos + half
+        new = {"shape": bodies["shape"], "radius": radius, "half_extents": bodies["half_extents"],
                "mass": mass, "inv_mass": inv_mass, "inv_inertia": inv_inertia, "material": bodies["material"],
-               "fixed": bodies["fixed"], "kinematic": kinematic,
+               "fixed": bodies["fixed"], "kinematic": kinematic, "static": static, "box_lo": box_lo, "box_hi": box_hi,
                "hull": np.asarray(bodies.get("hull", np.full(count, -1)), np.int32) + 1, **kin}
         for key, arr in new.items():
             arr = np.asarray(arr)
             self.bodies[key] = arr.copy() if key not in self.bodies else np.concatenate([self.bodies[key], arr], 0)
 
+    def _moving_radius(self) -> np.ndarray:
+        """Bounding radii (m) of the bodies that are not static (all of them when every body is)."""
+        r = self.bodies["radius"]
+        moving = r[~self.bodies["static"]]
+        return moving if moving.size else r
+
     def grid_radius(self) -> float:
-        """The bounding radius (m) the broadphase's cells are sized for (grid_radius)."""
-        return grid_radius(self.bodies["radius"], self.large_body_factor)
+        """The bounding radius (m) the broadphase's cells are sized for (grid_radius) over the bodies that are not
+        static: static bodies sit in the cells their bounding box covers (static_cells), whatever their size."""
+        return grid_radius(self._moving_radius(), self.large_body_factor)
 
     def large_body_count(self) -> int:
         """Bodies whose bounding radius exceeds grid_radius(): the broadphase pairs them apart from the grid."""
-        return int((self.bodies["radius"].astype(np.float32) > np.float32(self.grid_radius())).sum())
+        return int((self._moving_radius().astype(np.float32) > np.float32(self.grid_radius())).sum())
+
+    @property
+    def static_count(self) -> int:
+        return int(self.bodies["static"].sum())
+
+    def static_cells(self, cell_size: float, table_bits: int):
+        """(offsets (2^table_bits + 1,), ranks, axis_bits (3,)): a CSR of the static bodies by bucket, a static body
+        named by its rank (Model.body_static_rank), listed once in the bucket of every cell its world bounding box,
+        grown by one cell_size on every side, overlaps (a body whose centre lies in a cell finds there every static
+        body within a cell of it: a body that is not large reaches at most half a cell beyond its centre, plus its
+        reach over the step). The bucket of cell (x, y, z) is static_bucket: each axis's coordinate modulo
+        2^axis_bits, packed x lowest. The bits follow the static bodies' extent in cells along each axis, so that a
+        terrain fits the table without two of its cells sharing a bucket when it can (a flat one needs few bits
+        along y); when the extent needs more than table_bits, the widest axes give up bits first."""
+        table = 1 << table_bits
+        k = np.flatnonzero(self.bodies["static"])
+        if k.size == 0:
+            return np.zeros(table + 1, np.int64), np.zeros(0, np.int32), np.zeros(3, np.int64)
+        cs = np.float64(np.float32(cell_size))
+        lo = np.floor((self.bodies["box_lo"][k] - cs) / cs).astype(np.int64)
+        hi = np.floor((self.bodies["box_hi"][k] + cs) / cs).astype(np.int64)
+        extent = hi.max(axis=0) - lo.min(axis=0) + 1
+        bits = np.array([int(e - 1).bit_length() for e in extent], np.int64)
+        while bits.sum() > table_bits:
+            bits[int(np.argmax(bits))] -= 1
+        period = np.int64(1) << bits
+        # cells a period or more apart share a bucket: a range that wide covers every bucket along that axis
+        span = np.minimum(hi - lo + 1, period)
+        count = span.prod(axis=1)
+        rank = np.repeat(np.arange(k.size, dtype=np.int64), count)
+        local = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        sx, sy = np.repeat(span[:, 0], count), np.repeat(span[:, 1], count)
+        cell = [np.repeat(lo[:, 0], count) + local % sx, np.repeat(lo[:, 1], count) + (local // sx) % sy,
+                np.repeat(lo[:, 2], count) + local // (sx * sy)]
+        bucket = (cell[0] & (period[0] - 1)) | ((cell[1] & (period[1] - 1)) << bits[0]) | \
+            ((cell[2] & (period[2] - 1)) << (bits[0] + bits[1]))
+        key = np.unique(bucket * k.size + rank)
+        bucket, rank = key // k.size, key % k.size
+        offsets = np.zeros(table + 1, np.int64)
+        offsets[1:] = np.cumsum(np.bincount(bucket, minlength=table))
+        return offsets, rank.astype(np.int32), bits
 
     def hull_capacity(self) -> int:
         """Hulls a Model needs for this definition (hull_capacity_for)."""
@@ -395,6 +466,10 @@ class ModelBuilder:
         model.body_kin_velocity.from_numpy(stored(b["kin_velocity"], np.float32))
         model.body_kin_omega.from_numpy(stored(b["kin_omega"], np.float32))
         model.body_hull.from_numpy(stored(b["hull"], np.int32))
+        static_rank = np.where(b["static"], np.cumsum(b["static"]) - 1, -1)
+        model.body_static_rank.from_numpy(np.where(np.arange(cap) < n, stored(static_rank, np.int32), -1)
+                                          .astype(np.int32))
+        model.static_count[None] = self.static_count
         model.body_count[None] = n
         model.host_body_count = n
         r_grid = self.grid_radius()

@@ -29,7 +29,7 @@ from app.sim.broadphase import Grid
 from app.sim.contacts import ContactSet, dynamic_pool_gb
 from app.sim.diagnostics import (NO_ERROR, READOUT_FIELDS, READOUT_FLOATS, Diagnostics, OverlapWatch,
                                   kernel_frame_readout, kernel_kinetic_energy)
-from app.sim.model import Model, ModelBuilder, hull_capacity_for
+from app.sim.model import Model, ModelBuilder, has_static_bodies, hull_capacity_for
 from app.sim.narrowphase import find_contacts
 from app.sim.reorder import Reorder, resort_bodies, storage_order
 from app.sim.solver import JacobiSolver
@@ -148,9 +148,10 @@ class Simulation:
         self.load(scene)
 
     # ------------------------------------------------------------------ setup
-    def _allocate(self, capacity: int, scene: Scene):
+    def _allocate(self, capacity: int, scene: Scene, static_cells: bool = False):
         """New parts of `capacity` bodies. Built first and assigned together: when an allocation fails, the
-        Simulation keeps its old parts, whole."""
+        Simulation keeps its old parts, whole. The grid has static cells when the scene (or static_cells, for
+        bodies being added) has static bodies, or the grid it replaces had them."""
         _check_tree_room()
         capacity = int(capacity)
         hulls = max(hull_capacity_for(len(scene.hulls)), getattr(getattr(self, "model", None), "hull_capacity", 0))
@@ -159,7 +160,8 @@ class Simulation:
         diagnostics = Diagnostics()
         contacts = ContactSet(self.contacts_kind, capacity, max_per_body=int(self._padded))
         solver = JacobiSolver(model, diagnostics, scene.sim["solver_iterations"])
-        grid = Grid(capacity, hull_class=hulls > 0)
+        grid = Grid(capacity, hull_class=hulls > 0, static_cells=static_cells or has_static_bodies(scene.bodies) or (
+            getattr(self, "grid", None) is not None and self.grid.static_cells is not None))
         reorder = Reorder(capacity)
         # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
         batch = Batch(failed_at=contacts.failed_step)
@@ -172,7 +174,8 @@ class Simulation:
     def load(self, scene: Scene):
         """(Re)load a scene into the existing fields when it fits (no recompilation), else reallocate."""
         builder = ModelBuilder(scene)
-        if not builder.fits(self.model) or scene.sim["padded_capacity"] > self._padded:
+        if not builder.fits(self.model) or scene.sim["padded_capacity"] > self._padded or \
+                (builder.static_count and self.grid.static_cells is None):
             self._padded = max(self._padded, scene.sim["padded_capacity"])
             self._allocate(max(self.capacity, _round_capacity(scene.body_count)), scene)
         self.contacts.set_limit(scene.sim["padded_capacity"])
@@ -189,6 +192,7 @@ class Simulation:
         self._set_order(storage_order(scene.bodies["position"], scene.bodies["shape"]) if self.spatial_sort else
                         np.arange(scene.body_count, dtype=np.int64))
         builder.write(self.model, self._scene_of)
+        self.grid.set_static(builder, self.model)
         b = {key: np.asarray(scene.bodies[key])[self._scene_of]
              for key in ("position", "orientation", "velocity", "angular_velocity")}
         self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
@@ -240,10 +244,11 @@ class Simulation:
         order = np.concatenate([self.scene_of, np.arange(n0, n0 + k)])
         # parameters and materials written straight into the Model's fields (docs/simulator.md: live) are kept
         self.builder.read_live(self.model)
-        if n0 + k > self.capacity:
+        if n0 + k > self.capacity or (has_static_bodies(extra.bodies) and self.grid.static_cells is None):
             saved = self.state.to_numpy(n0)
             step = self.step_count
-            self._allocate(_round_capacity(n0 + k), self.scene)   # (raises before anything here has changed)
+            self._allocate(_round_capacity(n0 + k) if n0 + k > self.capacity else self.capacity, self.scene,
+                           static_cells=has_static_bodies(extra.bodies))   # (raises before anything here has changed)
             self.builder.add_bodies(extra.bodies)
             self.builder.write(self.model, order)
             self.state.set_rows(0, saved["body_pos"], saved["body_quat"], saved["body_vel"], saved["body_omega"])
@@ -253,6 +258,7 @@ class Simulation:
         else:
             self.builder.add_bodies(extra.bodies)
             self.builder.write_bodies(self.model, order)
+        self.grid.set_static(self.builder, self.model)
         self._grid_order_current = False
         self._set_order(order)
         b = extra.bodies

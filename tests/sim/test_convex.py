@@ -213,6 +213,58 @@ def test_polytopes_depth_and_normal_against_support_search(arch):
             assert float(normal[p] @ u) > 0.999, p
 
 
+def test_polytope_beside_a_static_triangle_gets_no_contact(arch):
+    """A static triangle (zero thickness, no edge axes: app.scene.hull.triangle_hull) against random hulls and boxes
+    placed all around it, over and beside it, above and below its plane, either as the pair's first or second body:
+    a body the support search finds apart from it (by 2 mm) gets no penetrating point (a body beside the triangle and
+    below the plane of its face overlaps it on every axis the pair tests, and once got points as deep as its
+    distance below that plane, tens of mm), and one that overlaps it gets a contact. (Overlapping, the depth is
+    along the face normal, which can exceed the shortest way out, off an edge: the mesh's internal edges push
+    nothing sideways.)"""
+    from app.scene.hull import triangle_hull
+
+    rng = np.random.default_rng(5)
+    tri = np.array([[0.0, 0.0, 0.0], [0.6, 0.15, 0.0], [0.1, -0.1, 0.5]])
+    hull_t, centroid = triangle_hull(*tri)
+    hulls = [hull_of(rng.normal(size=(12, 3)) * [0.12, 0.08, 0.1])[0] for _ in range(2)]
+    table = HullTable(16)
+    table.write(hulls + [hull_t])
+    table_hulls = [box_hull()] + hulls + [hull_t]
+    t_id = len(table_hulls) - 1
+    n = np.cross(tri[1] - tri[0], tri[2] - tri[0])
+    n /= np.linalg.norm(n)
+    P = 80
+    ids = np.zeros((P, 2), np.int32)
+    vec = np.zeros((P, 4, 3), np.float32)
+    rot = np.zeros((P, 2, 3, 3), np.float32)
+    for p in range(P):
+        h, sc, _V = _polytope(rng, table_hulls[:-1])
+        # over or beside the triangle (barycentric -0.4 .. 1.4), -60 .. +60 mm from its plane
+        w = rng.uniform(-0.4, 1.4, 2)
+        pos = tri[0] + w[0] * (tri[1] - tri[0]) + w[1] * (tri[2] - tri[0]) * 0.5 + n * rng.uniform(-0.06, 0.06)
+        body = (h, sc, pos, random_rotation(rng))
+        flat = (t_id, np.ones(3), centroid, np.eye(3))
+        a, b = (body, flat) if p % 2 else (flat, body)
+        ids[p] = a[0], b[0]
+        vec[p] = a[1], a[2], b[1], b[2]
+        rot[p] = a[3], b[3]
+    depth = np.zeros(P, np.float32)
+    normal = np.zeros((P, 3), np.float32)
+    count = np.zeros(P, np.int32)
+    _polytopes(table, ids, vec, rot, depth, normal, count)
+    overlapping_over_face = 0
+    for p in range(P):
+        g, _u = reference_gap(_support(table_hulls[ids[p, 0]].vertices * vec[p, 0], vec[p, 1], rot[p, 0]),
+                              _support(table_hulls[ids[p, 1]].vertices * vec[p, 2], vec[p, 3], rot[p, 1]), rng,
+                              samples=1500, rounds=60)
+        if g > 2e-3:   # apart: nothing, or a speculative point
+            assert count[p] == 0 or depth[p] <= 0.0, (p, depth[p], g)
+        if g < -2e-3:
+            overlapping_over_face += 1
+            assert count[p] >= 1 and depth[p] > 0.0, (p, g)
+    assert overlapping_over_face >= 10
+
+
 def test_poly_sphere_and_capsule_against_support_search(arch):
     """A sphere or a capsule against random hulls and boxes at reference gaps from -20 mm to +20 mm (apart, a sphere
     meets an edge or a vertex as often as a face): depth = -gap within 0.1 mm (capsules: the golden-section search's

