@@ -17,11 +17,11 @@ timeout 400 python run.py bench sim --arch cuda --steps 30 --scenes pile_1m --st
 timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes pile_100k --storages vla,padded --out "$out/sim_pile_100k" 2>&1 | tail -8
 timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes capsule_pile_100k --storages vla \
     --out "$out/sim_capsule_pile_100k" 2>&1 | tail -6
-echo "== convex hulls and static triangles (the first frame of a 20k-body run gives the compile time)"
-timeout 200 python run.py scenes/convex_pile_100k.yaml --headless --frames 100 --arch cuda --out "$out/convex_20k" \
-    --set bodies.0.count=14000 --set bodies.1.count=6000 2>&1 | tail -1
-timeout 500 python run.py bench sim --arch cuda --steps 100 --scenes convex_pile_100k --storages vla \
-    --out "$out/sim_convex_pile_100k" 2>&1 | tail -6
+echo "== convex hulls and static triangles (a first run compiles for about 3 minutes: the json's warmup_seconds)"
+for scene in junkyard_100k convex_pile_100k hills; do
+  timeout 300 python run.py bench sim --arch cuda --steps 100 --scenes $scene --storages vla \
+      --out "$out/sim_$scene" 2>&1 | tail -3
+done
 timeout 200 python run.py bench sim --arch cuda --steps 500 --warmup 1500 --scenes junkyard,rain --storages vla \
     --out "$out/sim_junkyard_rain" 2>&1 | tail -6
 timeout 300 python run.py bench sim --arch cuda --scenes boulders --storages "vla,vla+sim.large_body_factor=0" --repeats 3 --out "$out/sim_boulders" 2>&1 | tail -8

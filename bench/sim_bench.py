@@ -50,6 +50,10 @@ SMALL_OVERRIDES = {
     "convex_pile_100k": ("bodies.0.count=1400", "bodies.1.count=600", "static.0.size=[2.5, 4, 2.5]",
                          "bodies.0.min=[-1.2, 0.1, -1.2]", "bodies.0.max=[1.2, 3, 1.2]",
                          "bodies.1.min=[-1.2, 3.2, -1.2]", "bodies.1.max=[1.2, 6, 1.2]"),
+    # 2,000 bodies rained onto 10 x 10 m of the whole 18,432-triangle terrain
+    "junkyard_100k": ("bodies.0.count=800", "bodies.1.count=800", "bodies.2.count=400", "bodies.0.min=[-5, 2.6, -5]",
+                      "bodies.0.max=[5, 5, 5]", "bodies.1.min=[-5, 5.2, -5]", "bodies.1.max=[5, 6.4, 5]",
+                      "bodies.2.min=[-5, 6.6, -5]", "bodies.2.max=[5, 7.7, 5]"),
 }
 
 

@@ -636,6 +636,19 @@ def _check_junkyard(m, st, tr, name="junkyard", heights=None):
     assert ke[-1] < 0.5 * ke.max()   # landed: the rain's energy mostly gone (spheres still roll into the valleys)
 
 
+def _check_hills(m, st, tr):
+    from app.scene import load_scene
+
+    field = load_scene(SCENES / "hills.yaml").raw["static"][1]
+    p = st["position"]
+    moving = ~st["fixed"]
+    over = moving & (np.abs(p[:, 0]) < 23.9) & (np.abs(p[:, 2]) < 23.9)
+    ground = _terrain_height(field["heights"], field["size"], p[over, 0], p[over, 2])
+    # every sphere (0.1 m) over the 4 m triangles has its centre above them, none has sunk or fallen through
+    assert over.sum() == moving.sum() and (p[over, 1] > ground + 0.07).all(), (p[over, 1] - ground).min()
+    assert m["overflow_total"] == 0 and m["contacts"]["final"] >= moving.sum()
+
+
 def _check_rain(m, st, tr):
     p = st["position"]
     assert p[:, 1].min() > -1e-3 and m["overflow_total"] == 0
@@ -709,6 +722,7 @@ SCENE_RUNS = {
                             "bodies.1.min=[-5, 5.2, -5]", "bodies.1.max=[5, 6.4, 5]", "bodies.2.min=[-5, 6.6, -5]",
                             "bodies.2.max=[5, 7.7, 5]"),
                       lambda m, st, tr: _check_junkyard(m, st, tr, "junkyard_100k", _coarse_heights())),
+    "hills": (60, ("bodies.0.count=400", "bodies.0.min=[-5, 2.6, -5]", "bodies.0.max=[5, 4, 5]"), _check_hills),
     "convex_pile_100k": (20, ("bodies.0.count=2000", "bodies.1.count=1000", "bodies.0.variants=4",
                               "static.0.size=[3, 4, 3]", "bodies.0.min=[-1.45, 0.1, -1.45]",
                               "bodies.0.max=[1.45, 4, 1.45]", "bodies.1.min=[-1.45, 4.2, -1.45]",
