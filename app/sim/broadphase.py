@@ -353,12 +353,11 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # with every large one; of two large bodies, the one of lower index
         rank = _static_rank(model, grid, i)
         if i != big and (si[3] <= large_r or i < big or rank >= 0):
-            near = False
-            if rank >= 0:
-                near = _near_static(model, grid, big, i, rank, grid.body_reach[big])
-            else:
-                near = (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
-                    ti.max(margin, grid.body_reach[i] + grid.body_reach[big])
+            near = (ti.Vector([sb[0] - si[0], sb[1] - si[1], sb[2] - si[2]])).norm() <= si[3] + sb[3] + \
+                ti.max(margin, grid.body_reach[i] + grid.body_reach[big])
+            if ti.static(grid.has_static):
+                if rank >= 0:
+                    near = _near_static(model, grid, big, i, rank, grid.body_reach[big])
             if near:
                 if model.body_inv_mass[i] != 0.0 or model.body_inv_mass[big] != 0.0:
                     grid.pairs.append(grid.pair_list(pair_class(grid, model.body_shape[i], model.body_shape[big]), t), big)
@@ -441,10 +440,12 @@ class Grid:
         # static bodies: the others compile no static pass and every body sits in the cells.
         self.has_static = bool(static_cells)
         self.static_cells = VLA(self.table_size, ti.i32, name="static_cells") if static_cells else None
-        self.static_bits = ti.Vector.field(3, ti.i32, ())   # (static_bucket)
-        # each static body's world bounding box (m), by rank: a moving body meets it when its sphere comes near it
-        self.static_lo = ti.Vector.field(3, ti.f32, n if static_cells else 1)
-        self.static_hi = ti.Vector.field(3, ti.f32, n if static_cells else 1)
+        self.static_bits = self.static_lo = self.static_hi = None
+        if static_cells:
+            self.static_bits = ti.Vector.field(3, ti.i32, ())   # (static_bucket)
+            # each static body's world bounding box (m), by rank: a moving body meets it when its sphere comes near
+            self.static_lo = ti.Vector.field(3, ti.f32, n)
+            self.static_hi = ti.Vector.field(3, ti.f32, n)
 
     def compact_pairs_size(self, n: int) -> int:
         """Entries the compacted-pair buffer needs before a narrowphase of n bodies: every readable
@@ -470,11 +471,11 @@ class Grid:
         return c * self.pair_stride + t
 
     def set_static(self, builder, model):
-        import numpy as np
-
         """List the static bodies of `builder` (app.sim.model.ModelBuilder, just written into `model`) in the buckets
         around them, for the cell size the model was given. Needed after every write of the bodies: the cell size
         follows the moving bodies. A Grid without static cells takes a definition without static bodies only."""
+        import numpy as np
+
         if self.static_cells is None:
             if builder.static_count:
                 raise ValueError("Grid.set_static: static bodies for a Grid made without static cells")
