@@ -476,7 +476,7 @@ class Grid:
         follows the moving bodies. A Grid without static cells takes a definition without static bodies only."""
         import numpy as np
 
-        if self.static_cells is None:
+        if not self.has_static:
             if builder.static_count:
                 raise ValueError("Grid.set_static: static bodies for a Grid made without static cells")
             return

@@ -638,7 +638,7 @@ def collide_polytopes(hulls: ti.template(), ha, sa, pa, Ra, hb, sb, pb, Rb, size
                 # With a static triangle, a vertex beside the reference face and below its plane touches nothing
                 # there: a body beside the triangle, below the plane of its face, is outside it (flat_side_separation;
                 # two solids overlap wherever the axes say so).
-                flat = hulls.inradius[hr] > 0.5 * FLAT_INRADIUS or hulls.inradius[hi] > 0.5 * FLAT_INRADIUS
+                flat = flat_a or flat_b
                 lo = 3.0e38
                 lo_over = 3.0e38
                 x_lo = vec3(0.0)

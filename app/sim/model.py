@@ -49,10 +49,14 @@ def grid_radius(radius: np.ndarray, factor: float = LARGE_RADIUS_FACTOR) -> floa
     return float(r.max() if n_large == 0 else np.partition(r, r.size - 1 - n_large)[r.size - 1 - n_large])
 
 
-def has_static_bodies(bodies) -> bool:
-    """Whether validated scene bodies include a static one: fixed and not kinematic (Model.body_static_rank)."""
+def static_mask(bodies) -> np.ndarray:
+    """bool (N,): which of validated scene bodies are static: fixed and not kinematic (Model.body_static_rank)."""
     fixed = np.asarray(bodies["fixed"], bool)
-    return bool((fixed & ~np.asarray(bodies.get("kinematic", np.zeros(fixed.shape, bool)), bool)).any())
+    return fixed & ~np.asarray(bodies.get("kinematic", np.zeros(fixed.shape, bool)), bool)
+
+
+def has_static_bodies(bodies) -> bool:
+    return bool(static_mask(bodies).any())
 
 
 def plane_rows(statics, bounding_radius_max: float):
@@ -245,7 +249,7 @@ class ModelBuilder:
             kin["kin_velocity"][k] = np.asarray(bodies["velocity"], np.float64)[k] - np.cross(omega, pos - pivot)
             kin["kin_omega"][k] = omega
         radius = body_bounding_radius(bodies)
-        static = np.asarray(bodies["fixed"], bool) & ~kinematic
+        static = static_mask(bodies)
         box_lo, box_hi = np.zeros((count, 3)), np.zeros((count, 3))
         if static.any():
             # a static body never moves: its world bounding box, the tighter of its rotated local box and its sphere

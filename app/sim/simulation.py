@@ -160,8 +160,8 @@ class Simulation:
         diagnostics = Diagnostics()
         contacts = ContactSet(self.contacts_kind, capacity, max_per_body=int(self._padded))
         solver = JacobiSolver(model, diagnostics, scene.sim["solver_iterations"])
-        grid = Grid(capacity, hull_class=hulls > 0, static_cells=static_cells or has_static_bodies(scene.bodies) or (
-            getattr(self, "grid", None) is not None and self.grid.static_cells is not None))
+        grid = Grid(capacity, hull_class=hulls > 0, static_cells=static_cells or has_static_bodies(scene.bodies)
+                    or getattr(getattr(self, "grid", None), "has_static", False))
         reorder = Reorder(capacity)
         # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
         batch = Batch(failed_at=contacts.failed_step)
@@ -175,7 +175,7 @@ class Simulation:
         """(Re)load a scene into the existing fields when it fits (no recompilation), else reallocate."""
         builder = ModelBuilder(scene)
         if not builder.fits(self.model) or scene.sim["padded_capacity"] > self._padded or \
-                (builder.static_count and self.grid.static_cells is None):
+                (builder.static_count and not self.grid.has_static):
             self._padded = max(self._padded, scene.sim["padded_capacity"])
             self._allocate(max(self.capacity, _round_capacity(scene.body_count)), scene)
         self.contacts.set_limit(scene.sim["padded_capacity"])
@@ -244,7 +244,7 @@ class Simulation:
         order = np.concatenate([self.scene_of, np.arange(n0, n0 + k)])
         # parameters and materials written straight into the Model's fields (docs/simulator.md: live) are kept
         self.builder.read_live(self.model)
-        if n0 + k > self.capacity or (has_static_bodies(extra.bodies) and self.grid.static_cells is None):
+        if n0 + k > self.capacity or (has_static_bodies(extra.bodies) and not self.grid.has_static):
             saved = self.state.to_numpy(n0)
             step = self.step_count
             self._allocate(_round_capacity(n0 + k) if n0 + k > self.capacity else self.capacity, self.scene,
