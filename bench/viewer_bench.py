@@ -13,7 +13,10 @@ Three loops over the same scene, each after `--warmup` untimed frames (kernel co
   real-time factor.
 
 Offscreen, a frame is finished by capturing it (GGUI's `show()` needs a visible window), so "render"
-includes reading the image back (width x height x 16 bytes); the interactive window presents instead.
+includes reading the image back (width x height x 16 bytes); the interactive window presents instead. A second
+table splits the render frame: the viewer's kernels and the frame's copy to the host (update), GGUI's draw calls
+(declare: each uploads its data), and the capture (rasterising and reading back), against the capture of a
+frame with nothing declared (empty frame): render minus empty frame is what drawing the bodies costs.
 Results: a table on stdout, and viewer.json / viewer.md in --out when given.
 """
 from __future__ import annotations
@@ -115,6 +118,21 @@ def main(argv=None) -> int:
         pacer.drew((time.perf_counter() - t1) * 1e3)
         paced_steps[0] += n
 
+    def render_parts(parts):
+        t0 = time.perf_counter()
+        view.update()
+        ti.sync()
+        t1 = time.perf_counter()
+        view.declare()
+        t2 = time.perf_counter()
+        view.capture()
+        t3 = time.perf_counter()
+        view.declare(empty=True)
+        view.capture()
+        t4 = time.perf_counter()
+        for key, a, b in (("update", t0, t1), ("declare", t1, t2), ("capture", t2, t3), ("empty frame", t3, t4)):
+            parts.setdefault(key, []).append((b - a) * 1e3)
+
     for _ in range(args.warmup):
         both()
     rows = []
@@ -126,6 +144,10 @@ def main(argv=None) -> int:
             row["steps_per_frame"] = round(paced_steps[0] / args.frames, 2)
             row["realtime"] = round((sim.sim_time - t_sim) * r["fps"] / args.frames, 3)
         rows.append(row)
+    parts = {}
+    for _ in range(args.frames):
+        render_parts(parts)
+    split = [{"part": k, "ms_median": round(statistics.median(v), 2)} for k, v in parts.items()]
     view.close()
     table = markdown_table(rows, [("loop", "loop", "{}"), ("fps", "frames/s", "{:.1f}"),
                                   ("ms_median", "median ms/frame", "{:.2f}"), ("ms_max", "max ms/frame", "{:.2f}"),
@@ -134,9 +156,13 @@ def main(argv=None) -> int:
               f"{device_name(arch)}, {size[0]}x{size[1]} offscreen, colour by {args.color}"
               f"{', contacts drawn' if args.contacts else ''}; {args.frames} frames after {args.warmup} warm-up; "
               f"Vulkan drivers: {', '.join(vulkan_icds()) or 'none found'} (lvp = lavapipe, CPU rasteriser)")
+    table += "\n\nWhere a render frame goes (medians):\n\n" + markdown_table(
+        split, [("part", "part", "{}"), ("ms_median", "median ms", "{:.2f}")])
+    header += f"; frame upload: {view.renderer.frame.path}"
     payload = {"scene": args.scene, "bodies": sim.body_count, "substeps": sim.substeps, "arch": arch,
                "device": device_name(arch), "size": list(size), "color": args.color, "contacts": args.contacts,
-               "frames": args.frames, "warmup": args.warmup, "rows": rows, "vulkan_icds": vulkan_icds(),
+               "frames": args.frames, "warmup": args.warmup, "rows": rows, "render_split": split,
+               "frame_upload": view.renderer.frame.path, "vulkan_icds": vulkan_icds(),
                "goal": "render <= 5 ms (pile_100k); sim+render within 15% of sim; paced >= 60 fps (default.yaml), "
                        ">= 30 fps (pile_1m)"}
     write_results(args.out, "viewer", payload, header + "\n\n" + table)

@@ -382,7 +382,8 @@ class InteractiveViewer:
     def run(self) -> int:
         import taichi as ti
 
-        from app.viewer.render import BACKGROUND, Renderer, SimSource, apply_camera, camera_spec, image_rgb8
+        from app.viewer.render import (BACKGROUND, Renderer, SimSource, apply_camera, camera_spec, image_rgb8,
+                                        view_of)
 
         sim = self.sim
         window = open_window(f"{WINDOW_TITLE} - {sim.scene.name}", self.size, show_window=True)
@@ -416,7 +417,7 @@ class InteractiveViewer:
                 renderer.show_contacts = self.show_contacts
                 renderer.highlight = int(sim.internal_of[self.selected]) \
                     if self.selected is not None and self.selected < sim.body_count else -1
-                renderer.update()
+                renderer.update(view_of(camera, spec["fov"], window.get_window_shape()))
                 now = time.perf_counter()
                 if now - self._mem_time > 0.5:
                     st = sim.contacts.stats()

@@ -31,14 +31,32 @@ class OffscreenView:
         apply_camera(self.camera, self.camera_spec, self.renderer.extent)
 
     def render(self) -> np.ndarray:
-        from app.viewer.render import BACKGROUND, image_rgb8
+        self.update()
+        self.declare()
+        return self.capture()
 
-        self.renderer.update()
+    # render()'s three parts, timed apart by `bench viewer`
+    def update(self):
+        """The renderer's kernels (culling bodies no pixel sees) and the frame's copy to the host."""
+        from app.viewer.render import view_of
+
+        self.renderer.update(view_of(self.camera, self.camera_spec["fov"], self.size))
+
+    def declare(self, empty=False):
+        """The frame's GGUI draws (each uploads its data to the renderer); empty: the background alone."""
+        from app.viewer.render import BACKGROUND
+
         canvas = self.window.get_canvas()
         canvas.set_background_color(BACKGROUND)
-        scene = self.window.get_scene()
-        self.renderer.draw(scene, self.camera)
-        canvas.scene(scene)
+        if not empty:
+            scene = self.window.get_scene()
+            self.renderer.draw(scene, self.camera)
+            canvas.scene(scene)
+
+    def capture(self) -> np.ndarray:
+        """Rasterise the declared frame and read it back as (H, W, 3) uint8; ends the frame."""
+        from app.viewer.render import image_rgb8
+
         return image_rgb8(self.window)
 
     def close(self):

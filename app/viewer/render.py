@@ -20,10 +20,11 @@ import numpy as np
 import taichi as ti
 
 from app.scene.hull import box_hull
-from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX
+from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
 from app.viewer import kernels as rk
-from app.viewer.display import COLOR_MODES
 from app.viewer import meshes as rm
+from app.viewer import upload as up
+from app.viewer.display import COLOR_MODES
 
 BACKGROUND = (0.11, 0.12, 0.15)
 FLOOR_COLORS = ((0.40, 0.42, 0.46), (0.33, 0.35, 0.39))
@@ -235,6 +236,13 @@ def apply_camera(camera, spec: dict, extent: float):
     camera.z_far(max(100.0, 50.0 * (dist + extent)))
 
 
+def view_of(camera, fov, size) -> tuple:
+    """What Renderer.update(view=...) culls for: a GGUI camera's pose, its fov (degrees: GGUI does not report it)
+    and the image size (width, height) in pixels."""
+    return (tuple(float(x) for x in camera.curr_position), tuple(float(x) for x in camera.curr_lookat),
+            tuple(float(x) for x in camera.curr_up), float(fov), int(size[0]), int(size[1]))
+
+
 def look_at_matrix(position, lookat, up) -> np.ndarray:
     """World -> camera (right-handed, camera looks down -z), 4x4 row-major for column vectors."""
     eye = np.asarray(position, np.float64)
@@ -265,6 +273,10 @@ def project(points, spec: dict, width: int, height: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------
 # renderer
 # --------------------------------------------------------------------------------------------------------------
+# Occlusion culling pays from about this many bodies: below, drawing them all costs less than the culling's two
+# passes over the image (2,000 bodies on a 2-core CPU: 3.6 ms a frame to cull 1.6% of them).
+CULL_MIN_BODIES = 10_000
+
 # The picked body's contacts: at most this many, drawn in this colour.
 PICK_GLYPHS = 256
 PICK_COLOR = (0.25, 0.95, 0.45)
@@ -312,12 +324,12 @@ class Renderer:
 
     # ------------------------------------------------------------------ setup
     def _build_body_meshes(self):
-        # (spheres are particles: no mesh; the box and cylinder meshes are made once)
+        # (spheres are particles: no mesh; the box and cylinder meshes are host records, made once)
         if getattr(self, "body_meshes", None) is not None:
             return
         self.body_meshes = {}
         for shape, (v, n, i) in ((SHAPE_BOX, rm.unit_box()), (SHAPE_CAPSULE, rm.unit_cylinder())):
-            self.body_meshes[shape] = (_field_from(v, 3), _field_from(n, 3), _field_from(i, dtype=ti.i32))
+            self.body_meshes[shape] = (up.vertex_records(v, n), np.ascontiguousarray(i, np.int32))
         # A source without hull geometry (a recording) draws a convex body as its bounding box.
         self.body_meshes[SHAPE_CONVEX] = self.body_meshes[SHAPE_BOX]
 
@@ -329,19 +341,15 @@ class Renderer:
         cap = self.source.capacity
         if getattr(self, "_capacity", None) != cap:
             self._capacity = cap
-            self.instance_transform = ti.Matrix.field(4, 4, ti.f32, cap)
             self.body_key = ti.field(ti.i32, cap)
-            k = rm.SHAPE_KINDS * rm.COLOR_BUCKETS
+            self.body_visible = ti.field(ti.i32, cap)
+            k = rm.SHAPE_KINDS * rm.COLOR_BUCKETS + 1   # (the last key: bodies culled this frame)
             self.key_count = ti.field(ti.i32, k)
             self.key_cursor = ti.field(ti.i32, k)
             gcap = int(min(self.GLYPH_CAPACITY_MAX, max(1024, 8 * cap)))
             self.glyph_point = ti.Vector.field(3, ti.f32, gcap)
             self.glyph_line = ti.Vector.field(3, ti.f32, 2 * gcap)
             self.glyph_count = ti.field(ti.i32, ())
-            particles = 2 * cap   # a sphere takes one, a capsule two (its ends)
-            self.sphere_center = ti.Vector.field(3, ti.f32, particles)
-            self.sphere_radius = ti.field(ti.f32, particles)
-            self.sphere_color = ti.Vector.field(3, ti.f32, particles)
             self.sphere_count = ti.field(ti.i32, ())
             self.bucket_color = ti.Vector.field(3, ti.f32, rm.COLOR_BUCKETS)
             self.pick_point = ti.Vector.field(3, ti.f32, PICK_GLYPHS)
@@ -355,9 +363,11 @@ class Renderer:
         he = np.asarray(shapes["half_extents"], np.float64)
         self.size_hint = float(np.median(he.min(axis=1))) if len(he) else 0.1
         self._sync_hulls()
+        self._sync_layout()
 
     def _sync_hulls(self):
-        """Hull triangle tables and the world-space hull mesh (kernels.kernel_hull_mesh), for a source with hulls."""
+        """Hull triangle tables and the size of the world-space hull mesh (kernels.kernel_hull_mesh), for a source
+        with hulls."""
         geometry = getattr(self.source, "hull_geometry", lambda: None)()
         self.hull_vertices = 0
         if geometry is None:
@@ -368,11 +378,27 @@ class Renderer:
         n = self.source.body_count
         hull_of = self.source.body_hull.to_numpy()[:n]
         convex = self.source.body_shape.to_numpy()[:n] == SHAPE_CONVEX
-        need = max(3, 3 * int(np.diff(start)[hull_of[convex]].sum()))
-        self.hull_v = ti.Vector.field(3, ti.f32, need)
-        self.hull_n = ti.Vector.field(3, ti.f32, need)
-        self.hull_c = ti.Vector.field(3, ti.f32, need)
+        self.hull_vertices = 3 * int(np.diff(start)[hull_of[convex]].sum())
         self.hull_count = ti.field(ti.i32, ())
+
+    def _sync_layout(self):
+        """The frame buffer's layout for this body set (shapes do not change within a generation): the particle
+        records of spheres and capsule ends, then the instance transforms of boxes and capsule cylinders (and
+        of convex bodies drawn as boxes), then the hull mesh's vertex records."""
+        n = self.source.body_count
+        shape = np.asarray(self.source.host_shapes()["shape"])[:n]
+        count = np.bincount(shape, minlength=rm.SHAPE_KINDS)
+        hulls_as_mesh = self._hull_tables is not None
+        self.particle_records = int(count[SHAPE_SPHERE] + 2 * count[SHAPE_CAPSULE])
+        self.instances = int(count[SHAPE_BOX] + count[SHAPE_CAPSULE] + (0 if hulls_as_mesh else count[SHAPE_CONVEX]))
+        self._instance_base = up.VERTEX_FLOATS * self.particle_records
+        self._hull_base = self._instance_base + up.TRANSFORM_FLOATS * self.instances
+        self._frame_floats = self._hull_base + up.VERTEX_FLOATS * self.hull_vertices
+        if getattr(self, "frame", None) is None or self.frame.floats < self._frame_floats:
+            if getattr(self, "frame", None) is not None:
+                self.frame.close()
+            self.frame = up.FrameBuffer(self._frame_floats)
+        self._frame_host = None
 
     def scene_bounds(self):
         shapes = self.source.host_shapes()
@@ -420,15 +446,14 @@ class Renderer:
                     cells = 2 * max(4, min(20, int(round(g / _nice_cell(extent)))))
                     meshes.append(rm.checker_quad(floor_c, [0, 1, 0], g, g, cells, cells, *GROUND_COLORS,
                                                   lift=-0.002 * extent))
-        # one mesh for all of them: each GGUI draw copies its fields to the renderer, with a device sync
-        self.static_meshes = []
+        # one mesh for all of them, as host records: each GGUI draw is a buffer of its own and a device sync
+        self.static_mesh = None
         if meshes:
             starts = np.cumsum([0] + [len(v) for v, _n, _i, _c in meshes[:-1]])
             v, n, c = (np.concatenate([m[k] for m in meshes]) for k in (0, 1, 3))
             i = np.concatenate([m[2] + start for m, start in zip(meshes, starts)]).astype(np.int32)
-            self.static_meshes.append((_field_from(v, 3), _field_from(n, 3), _field_from(i, dtype=ti.i32),
-                                       _field_from(c, 3)))
-        self.static_lines = _field_from(np.concatenate(lines), 3) if lines else None
+            self.static_mesh = (up.vertex_records(v, n, c), np.ascontiguousarray(i))
+        self.static_lines = up.vertex_records(np.concatenate(lines)) if lines else None
         self.lights = [
             (center + np.array([0.6, 2.5, 1.2]) * extent * 2.0, (0.95, 0.90, 0.82)),
             (center + np.array([-1.5, 1.0, -0.8]) * extent * 2.0, (0.22, 0.26, 0.34)),
@@ -442,14 +467,21 @@ class Renderer:
             self.color_mode = mode
             self._keys_dirty = True
 
-    def update(self):
-        """Fill instance transforms (and contact glyphs) from the source's fields: device kernels, plus a
-        read-back of the 32 bucket counts when they can have changed."""
+    def update(self, view=None):
+        """Fill the frame buffer (particles, instance transforms, hull vertices; contact glyphs when drawn) from
+        the source's fields with device kernels, and bring its live part to the host (app.viewer.upload).
+
+        view: the camera and image this frame is drawn for, (position, lookat, up, fov degrees, width px,
+        height px) (view_of()); with it, and CULL_MIN_BODIES bodies or more, bodies that no pixel can see are not
+        drawn (kernels.kernel_cull). The bucket counts are read back when they can have changed: every frame when
+        culling."""
         src = self.source
         self._sync_capacity()
         n = src.body_count
+        self.culled = 0
         if n == 0:
             self._host_counts = np.zeros(rm.SHAPE_KINDS * rm.COLOR_BUCKETS, np.int32)
+            self._frame_host = None
             return
         lists = src.contact_lists() if self.color_mode == "contacts" else None
         sleep = src.live_fields() if self.color_mode == "sleep" else None
@@ -466,23 +498,52 @@ class Renderer:
                                  self.body_key)
         elif self._keys_dirty:
             rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
-        rk.kernel_scatter_instances(self.body_key, src.body_pos, src.body_quat, src.body_half_extents, n,
-                                    rm.COLOR_BUCKETS, self.key_count, self.key_cursor, self.instance_transform)
+        if n < CULL_MIN_BODIES:
+            view = None
+        per_frame = per_frame or view is not None
+        if view is not None:
+            position, lookat, up_, fov, width, height = view
+            if getattr(self, "cull_depth", None) is None or self.cull_depth.shape != (int(height), int(width)):
+                self.cull_depth = ti.field(ti.f32, (int(height), int(width)))
+            focal = 0.5 * height / math.tan(math.radians(fov) / 2)
+            z_near = 0.002 * min(float(np.linalg.norm(np.subtract(position, lookat))), self.extent)  # apply_camera's
+            rk.kernel_cull(src.body_shape, src.body_pos, src.body_half_extents, n,
+                           ti.Matrix(look_at_matrix(position, lookat, up_).astype(np.float32)), focal, z_near,
+                           self.cull_depth, self.body_visible)
+        else:
+            rk.kernel_all_visible(n, self.body_visible)
+        rk.kernel_count_keys(self.body_key, self.body_visible, n, self.key_count, self.key_cursor)
+        if per_frame or self._keys_dirty or self._host_counts is None:
+            counts = self.key_count.to_numpy()
+            self._host_counts, self.culled = counts[:-1], int(counts[-1])
+            self._keys_dirty = per_frame
         if self._bucket_colors_for != self.color_mode:
             self.bucket_color.from_numpy(rm.bucket_colors(self.color_mode, getattr(src, "material_names", None)))
             self._bucket_colors_for = self.color_mode
-        rk.kernel_sphere_particles(self.body_key, src.body_shape, src.body_pos, src.body_quat, src.body_half_extents,
-                                   n, self.particle_scale, self.bucket_color, rm.COLOR_BUCKETS, self.sphere_count,
-                                   self.sphere_center, self.sphere_radius, self.sphere_color)
-        if per_frame or self._keys_dirty or self._host_counts is None:
-            self._host_counts = self.key_count.to_numpy()
-            self._keys_dirty = per_frame
-        if self._hull_tables is not None:
+        # what is drawn this frame (culled bodies sit in the last key, the instanced shapes' keys follow the spheres')
+        B, c = rm.COLOR_BUCKETS, self._host_counts
+        spheres, capsules = int(c[:B].sum()), int(c[SHAPE_CAPSULE * B:(SHAPE_CAPSULE + 1) * B].sum())
+        self.drawn_particles = spheres + 2 * capsules
+        self.drawn_instances = int(c[B:(SHAPE_CONVEX if self._hull_tables is not None else SHAPE_CONVEX + 1) * B].sum())
+        frame = self.frame.array
+        if self.drawn_instances:
+            rk.kernel_scatter_instances(self.body_key, self.body_visible, src.body_pos, src.body_quat,
+                                        src.body_half_extents, n, B, self.key_cursor, spheres,
+                                        self.drawn_instances, self._instance_base, frame)
+        if self.drawn_particles:
+            rk.kernel_sphere_particles(self.body_key, self.body_visible, src.body_shape, src.body_pos,
+                                       src.body_quat, src.body_half_extents, n, self.particle_scale,
+                                       self.bucket_color, B, self.sphere_count, frame)
+        if self.hull_vertices:
             start, corners, normals = self._hull_tables
             rk.kernel_hull_mesh(self.body_key, src.body_shape, src.body_hull, src.body_pos, src.body_quat, n,
-                                start, corners, normals, self.bucket_color, rm.COLOR_BUCKETS, self.hull_count,
-                                self.hull_v, self.hull_n, self.hull_c)
-            self.hull_vertices = min(int(self.hull_count[None]), self.hull_v.shape[0])
+                                start, corners, normals, self.bucket_color, B, self.hull_count,
+                                self.hull_vertices, self._hull_base, frame)
+        # the frame's copy to the host (app.viewer.upload), the drawn part of each segment: what GGUI draws from
+        self._frame_host = self.frame.host(
+            [(0, up.VERTEX_FLOATS * self.drawn_particles),
+             (self._instance_base, up.TRANSFORM_FLOATS * self.drawn_instances),
+             (self._hull_base, up.VERTEX_FLOATS * self.hull_vertices)])
         self.pick_glyphs = 0
         picked = src.contact_lists() if self.highlight >= 0 else None
         if picked is not None and self.highlight < n:
@@ -496,39 +557,46 @@ class Renderer:
                                      self.glyph_point, self.glyph_line, self.glyph_count)
             self.contact_glyphs = int(self.glyph_count[None])
 
+    def host_particles(self):
+        """This frame's particle records as GGUI draws them: centre (K, 3) m, radius (K,) (times particle_scale),
+        colour (K, 3)."""
+        rec = self._frame_host[:up.VERTEX_FLOATS * self.drawn_particles].reshape(-1, up.VERTEX_FLOATS)
+        return rec[:, 0:3], rec[:, 3], rec[:, 8:11]
+
+    def host_transforms(self) -> np.ndarray:
+        """This frame's instance transforms (K, 4, 4), in key order (boxes, then capsule cylinders)."""
+        return self._frame_host[self._instance_base:self._instance_base + 16 * self.drawn_instances].reshape(-1, 4, 4)
+
     def draw(self, scene, camera):
         """Declare everything for this frame into a GGUI scene (call update() first)."""
         scene.set_camera(camera)
         scene.ambient_light((0.30, 0.31, 0.34))
         for pos, col in self.lights:
             scene.point_light(pos=tuple(float(x) for x in pos), color=col)
-        for v, n, i, c in self.static_meshes:
-            scene.mesh(v, indices=i, normals=n, per_vertex_color=c, two_sided=True)
+        if self.static_mesh is not None:
+            up.draw_mesh(scene, *self.static_mesh, two_sided=True)
         if self.static_lines is not None:
-            scene.lines(self.static_lines, width=1.5, color=WALL_LINE_COLOR)
-        counts = self._host_counts
-        if counts is not None:
-            colors = rm.bucket_colors(self.color_mode, getattr(self.source, "material_names", None))
-            # spheres and the capsules' ends: one particle draw (keys 0 .. COLOR_BUCKETS - 1 are the spheres)
+            up.draw_lines(scene, self.static_lines, 1.5, WALL_LINE_COLOR)
+        counts, host = self._host_counts, self._frame_host
+        if counts is not None and host is not None:
             B = rm.COLOR_BUCKETS
-            spheres = int(counts[:B].sum())
-            particles = spheres + 2 * int(counts[SHAPE_CAPSULE * B:(SHAPE_CAPSULE + 1) * B].sum())
-            if particles:
-                scene.particles(self.sphere_center, radius=1.0, per_vertex_color=self.sphere_color,
-                                per_vertex_radius=self.sphere_radius, index_count=particles)
-            offset = spheres
+            # spheres and the capsules' ends: one particle draw
+            up.draw_particles(scene, host[:up.VERTEX_FLOATS * self.drawn_particles].reshape(-1, up.VERTEX_FLOATS))
+            # boxes and capsule cylinders: one instanced draw per colour bucket, its slice of the sorted transforms
+            colors = rm.bucket_colors(self.color_mode, getattr(self.source, "material_names", None))
+            transforms = host[self._instance_base:self._instance_base + up.TRANSFORM_FLOATS * self.drawn_instances]
+            transforms = transforms.reshape(-1, up.TRANSFORM_FLOATS)
+            offset = 0
             for key in range(B, len(counts)):
-                cnt = int(counts[key])
                 if key // B == SHAPE_CONVEX and self._hull_tables is not None:
-                    continue   # (drawn below as one mesh)
+                    break   # (drawn below as one mesh; the last shape's keys)
+                cnt = int(counts[key])
                 if cnt:
-                    v, n, i = self.body_meshes[key // B]
-                    scene.mesh_instance(v, indices=i, normals=n, color=tuple(float(x) for x in colors[key % B]),
-                                        transforms=self.instance_transform, instance_offset=offset,
-                                        instance_count=cnt)
+                    v, i = self.body_meshes[key // B]
+                    up.draw_instances(scene, v, i, colors[key % B], transforms[offset:offset + cnt])
                 offset += cnt
-        if self.hull_vertices:
-            scene.mesh(self.hull_v, normals=self.hull_n, per_vertex_color=self.hull_c, vertex_count=self.hull_vertices)
+            if self.hull_vertices:
+                up.draw_mesh(scene, host[self._hull_base:self._frame_floats].reshape(-1, up.VERTEX_FLOATS))
         if self.pick_glyphs:
             k = self.pick_glyphs
             scene.particles(self.pick_point, radius=0.3 * self.size_hint, color=PICK_COLOR, index_count=k)

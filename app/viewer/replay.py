@@ -265,7 +265,7 @@ class ReplayViewer:
     def run(self) -> int:
         import taichi as ti
 
-        from app.viewer.render import BACKGROUND, Renderer, apply_camera, camera_spec
+        from app.viewer.render import BACKGROUND, Renderer, apply_camera, camera_spec, view_of
 
         times = self.traj["time"]
         last = len(times) - 1
@@ -274,7 +274,8 @@ class ReplayViewer:
             renderer = Renderer(self.source, aspect=self.size[0] / self.size[1])
             camera = ti.ui.Camera()
             lo, hi = renderer.scene_bounds()
-            apply_camera(camera, camera_spec(self.scene_camera, lo, hi, self.size[0] / self.size[1]), renderer.extent)
+            spec = camera_spec(self.scene_camera, lo, hi, self.size[0] / self.size[1])
+            apply_camera(camera, spec, renderer.extent)
             canvas, scene, gui = window.get_canvas(), window.get_scene(), window.get_gui()
             prev = time.perf_counter()
             shots = 0
@@ -305,7 +306,7 @@ class ReplayViewer:
                             self.t, self.playing = float(times[-1]), False
                     self._show(int(np.searchsorted(times, self.t)))
                 camera.track_user_inputs(window, movement_speed=0.01 * renderer.extent, hold_key=ti.ui.RMB)
-                renderer.update()
+                renderer.update(view_of(camera, spec["fov"], window.get_window_shape()))
                 canvas.set_background_color(BACKGROUND)
                 renderer.draw(scene, camera)
                 canvas.scene(scene)

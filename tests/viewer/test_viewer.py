@@ -80,6 +80,40 @@ def _pose_view(positions, materials, shapes=None, statics=(), camera=None):
     return src, OffscreenView(src, camera, (W, H))
 
 
+@needs_vulkan
+def test_culling_changes_no_pixel(ti_cpu, monkeypatch):
+    """Occlusion culling (kernels.kernel_cull) draws a dense block of spheres, boxes and capsules, turned at
+    random and seen from two cameras (one close, bodies crossing the image's edges), without a good part of them
+    and with every pixel as drawing them all."""
+    from app.viewer import render
+    from app.viewer.offscreen import OffscreenView
+    from app.viewer.render import PoseSource
+
+    monkeypatch.setattr(render, "CULL_MIN_BODIES", 0)   # (1,568 bodies: culled only from 10,000 by default)
+
+    rng = np.random.default_rng(3)
+    g = np.stack(np.meshgrid(*[np.arange(k) for k in (14, 8, 14)], indexing="ij"), -1).reshape(-1, 3)
+    n = len(g)
+    shapes = rng.integers(0, 3, n).astype(np.int32)
+    half = np.stack([rng.uniform(0.06, 0.1, n)] * 3, 1).astype(np.float32)
+    half[shapes == 1] = rng.uniform(0.05, 0.1, (int((shapes == 1).sum()), 3))
+    half[shapes == 2, 1] = half[shapes == 2, 0] + rng.uniform(0.02, 0.1, int((shapes == 2).sum()))
+    src = PoseSource({"shape": shapes, "half_extents": half, "material": rng.integers(0, 3, n).astype(np.int32)})
+    quat = rng.normal(size=(n, 4))
+    src.set_poses(g * 0.2 + rng.uniform(-0.02, 0.02, (n, 3)), quat / np.linalg.norm(quat, axis=1)[:, None])
+    for camera in ({"position": [5.0, 4.0, 6.0], "lookat": [1.3, 0.7, 1.3], "fov": 45},
+                   {"position": [1.6, 1.2, 3.4], "lookat": [1.3, 0.7, 1.0], "fov": 60}):
+        view = OffscreenView(src, camera, (W, H))
+        culled = view.render()
+        hidden = view.renderer.culled
+        view.renderer.update()   # (no view: every body drawn)
+        view.declare()
+        every = view.capture()
+        view.close()
+        assert hidden > n // 5, f"only {hidden} of {n} bodies culled"
+        assert np.array_equal(culled, every), f"{(culled != every).any(axis=2).sum()} pixels differ"
+
+
 def _foreground(img):
     """Pixels that differ from the background colour (any shade of any body)."""
     bg = np.array([0.11, 0.12, 0.15]) * 255
@@ -154,15 +188,18 @@ def test_colour_buckets_and_statics(ti_cpu):
     B = rm.COLOR_BUCKETS
     assert counts[0 * B + 2] == 2 and counts[1 * B + 0] == 1 and counts[1 * B + 2] == 1 and counts[1 * B + 1] == 1
     assert counts.sum() == 5
-    # every body's transform is somewhere in the sorted array: translations are a permutation of positions
-    t = r.instance_transform.to_numpy()[:5]
+    # every box's transform is somewhere in the sorted array: translations are a permutation of the boxes'
+    # positions; the spheres are particles at theirs
+    t = r.host_transforms()
     got = sorted(map(tuple, np.round(t[:, :3, 3], 5)))
-    assert got == sorted(map(tuple, np.round(src.host_positions(), 5)))
+    assert got == sorted(map(tuple, np.round(src.host_positions()[shapes == 1], 5)))
     np.testing.assert_allclose(np.abs(np.linalg.det(t[:, :3, :3])), 0.1 ** 3, rtol=1e-4)
+    centre, radius, _ = r.host_particles()
+    assert sorted(map(tuple, np.round(centre, 5))) == sorted(map(tuple, np.round(src.host_positions()[shapes == 0], 5)))
     # container floor + ground around it, in one mesh: 2 checker quads of (cells + 1)^2 vertices each
-    assert r.static_lines is not None and len(r.static_meshes) == 1
-    v, _n, i, _c = r.static_meshes[0]
-    assert v.shape[0] > 8 and i.to_numpy().max() == v.shape[0] - 1 and i.shape[0] % 3 == 0
+    assert r.static_lines is not None and r.static_mesh is not None
+    v, i = r.static_mesh
+    assert v.shape[0] > 8 and i.max() == v.shape[0] - 1 and i.shape[0] % 3 == 0
 
 
 @needs_vulkan
@@ -185,13 +222,14 @@ def test_capsules_are_two_end_particles_and_a_cylinder(ti_cpu):
     r.update()
     n = int(r.sphere_count[None])
     assert n == 7
-    centre = r.sphere_center.to_numpy()[:n]
-    radius = r.sphere_radius.to_numpy()[:n]
+    centre, radius, _ = r.host_particles()
+    assert centre.shape[0] == n
     want = [tuple(pos[k] + sgn * hl * ax) for k, ax in enumerate(np.eye(3)[[1, 0, 2]]) for sgn in (-1, 1)]
     want.append(tuple(pos[3]))
     assert sorted(map(tuple, np.round(centre.astype(np.float64), 5))) == sorted(map(tuple, np.round(np.array(want), 5)))
     np.testing.assert_allclose(sorted(radius), sorted([r_cap / aspect] * 6 + [0.2 / aspect]), rtol=1e-6)
-    t = r.instance_transform.to_numpy()[1:4]   # (slot 0: the sphere; the capsules' cylinders after it)
+    t = r.host_transforms()   # the capsules' cylinders (the sphere has none)
+    assert t.shape[0] == 3
     np.testing.assert_allclose(sorted(np.linalg.norm(t[:, :3, :3], axis=1).ravel()),
                                sorted([r_cap, hl, r_cap] * 3), rtol=1e-5)
 
@@ -228,8 +266,13 @@ def test_drop_bodies_live(tiny_sim):
     sim.step_frame()
     r.update()
     assert r._host_counts.sum() == 32
-    t = r.instance_transform.to_numpy()[:32, :3, 3]
-    np.testing.assert_allclose(np.sort(t[:, 1]), np.sort(sim.positions()[:, 1]), atol=1e-6)
+    # every body drawn at its height: boxes and capsules as instances, spheres as particles (and capsule ends)
+    shape, y = sim.shapes()["shape"], sim.positions()[:, 1]
+    instanced = (shape == 1) | (shape == 2)
+    np.testing.assert_allclose(np.sort(r.host_transforms()[:, 1, 3]), np.sort(y[instanced]), atol=1e-6)
+    particle_y = r.host_particles()[0][:, 1]
+    assert particle_y.shape[0] == (shape == 0).sum() + 2 * (shape == 2).sum()
+    assert all(np.isclose(particle_y, h, atol=1e-6).any() for h in y[shape == 0])
     sim.reset()
     r.update()
     assert sim.body_count == 29 and r._host_counts.sum() == 29
