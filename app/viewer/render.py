@@ -506,7 +506,9 @@ class Renderer:
             if getattr(self, "cull_depth", None) is None or self.cull_depth.shape != (int(height), int(width)):
                 self.cull_depth = ti.field(ti.f32, (int(height), int(width)))
             focal = 0.5 * height / math.tan(math.radians(fov) / 2)
-            z_near = 0.002 * min(float(np.linalg.norm(np.subtract(position, lookat))), self.extent)  # apply_camera's
+            # apply_camera's near plane is at most this far (a moving camera keeps it): a body nearer may be clipped,
+            # so it hides nothing and is always drawn
+            z_near = max(1e-4, 0.002 * self.extent)
             rk.kernel_cull(src.body_shape, src.body_pos, src.body_half_extents, n,
                            ti.Matrix(look_at_matrix(position, lookat, up_).astype(np.float32)), focal, z_near,
                            self.cull_depth, self.body_visible)
