@@ -14,7 +14,7 @@ model.body_shape, model.body_material, the contact lists) and write only the vie
 """
 import taichi as ti
 
-from app.scene.schema import SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
+from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
 from app.sim.contacts import first_copy, record_normal
 from app.sim.math3d import quat_to_mat
 from app.sim.state import asleep_by_time
@@ -373,3 +373,39 @@ def kernel_hull_mesh(body_key: ti.template(), body_shape: ti.template(), body_hu
                     _put_vec3(frame, at + 3, n)
                     _put_vec3(frame, at + 8, c)
                     frame[at + 11] = 1.0
+
+
+@ti.kernel
+def kernel_box_mesh(body_key: ti.template(), body_visible: ti.template(), body_shape: ti.template(),
+                    body_pos: ti.template(), body_quat: ti.template(), body_half_extents: ti.template(),
+                    body_count: ti.i32, corner: ti.template(), normal: ti.template(), bucket_color: ti.template(),
+                    buckets: ti.i32, vertex_count: ti.template(), vertices: ti.i32, base: ti.i32,
+                    frame: ti.types.ndarray(ndim=1)):
+    """Every drawn box as triangles in world space (the unit box's corner / normal tables, 3 entries a triangle)
+    with its bucket colour, from frame[base] on: the boxes join the one mesh draw of the static geometry and the
+    hulls (few boxes: a draw call costs more than their vertices). vertex_count[None] ends as the number written
+    (at most `vertices`)."""
+    vertex_count[None] = 0
+    per_box = corner.shape[0]
+    for i in range(body_count):
+        if body_visible[i] != 0 and body_shape[i] == SHAPE_BOX:
+            first = ti.atomic_add(vertex_count[None], per_box)
+            if first + per_box <= vertices:
+                R = quat_to_mat(body_quat[i])
+                h = body_half_extents[i]
+                p = body_pos[i]
+                c = bucket_color[body_key[i] % buckets]
+                for k in range(per_box):
+                    at = base + VERTEX_FLOATS * (first + k)
+                    _put_vec3(frame, at, p + R @ (corner[k] * h))
+                    _put_vec3(frame, at + 3, R @ normal[k])
+                    _put_vec3(frame, at + 8, c)
+                    frame[at + 11] = 1.0
+
+
+@ti.kernel
+def kernel_put_records(records: ti.types.ndarray(ndim=1), count: ti.i32, base: ti.i32,
+                       frame: ti.types.ndarray(ndim=1)):
+    """frame[base:base + count] = records[:count]: host-built vertex records (the static geometry) placed once."""
+    for k in range(count):
+        frame[base + k] = records[k]

@@ -277,6 +277,11 @@ def project(points, spec: dict, width: int, height: int) -> np.ndarray:
 # passes over the image (2,000 bodies on a 2-core CPU: 3.6 ms a frame to cull 1.6% of them).
 CULL_MIN_BODIES = 10_000
 
+# Up to this many drawn boxes are triangles in the one mesh draw of the static geometry and the hulls (36 vertex
+# records, 1.7 KB, a box), above it instances (a 64-byte transform a box, one draw per colour): a GGUI draw call
+# costs about 1.3 ms on an H100 machine, the time to copy ~10 MB.
+BOX_MESH_MAX = 2048
+
 # The picked body's contacts: at most this many, drawn in this colour.
 PICK_GLYPHS = 256
 PICK_COLOR = (0.25, 0.95, 0.45)
@@ -319,8 +324,8 @@ class Renderer:
         self.pick_glyphs = 0
         self.highlight = -1   # stored index of a body whose contacts are drawn (the viewer's picked body), or -1
         self._build_body_meshes()
-        self._sync_capacity()
         self._build_statics()
+        self._sync_capacity()
 
     # ------------------------------------------------------------------ setup
     def _build_body_meshes(self):
@@ -330,6 +335,8 @@ class Renderer:
         self.body_meshes = {}
         for shape, (v, n, i) in ((SHAPE_BOX, rm.unit_box()), (SHAPE_CAPSULE, rm.unit_cylinder())):
             self.body_meshes[shape] = (up.vertex_records(v, n), np.ascontiguousarray(i, np.int32))
+        v, n, i = rm.unit_box()
+        self._box_triangles = (_field_from(v[i], 3), _field_from(n[i], 3))   # (36 corners, 3 a triangle)
         # A source without hull geometry (a recording) draws a convex body as its bounding box.
         self.body_meshes[SHAPE_CONVEX] = self.body_meshes[SHAPE_BOX]
 
@@ -351,6 +358,7 @@ class Renderer:
             self.glyph_line = ti.Vector.field(3, ti.f32, 2 * gcap)
             self.glyph_count = ti.field(ti.i32, ())
             self.sphere_count = ti.field(ti.i32, ())
+            self.mesh_count = ti.field(ti.i32, ())
             self.bucket_color = ti.Vector.field(3, ti.f32, rm.COLOR_BUCKETS)
             self.pick_point = ti.Vector.field(3, ti.f32, PICK_GLYPHS)
             self.pick_line = ti.Vector.field(3, ti.f32, 2 * PICK_GLYPHS)
@@ -379,12 +387,12 @@ class Renderer:
         hull_of = self.source.body_hull.to_numpy()[:n]
         convex = self.source.body_shape.to_numpy()[:n] == SHAPE_CONVEX
         self.hull_vertices = 3 * int(np.diff(start)[hull_of[convex]].sum())
-        self.hull_count = ti.field(ti.i32, ())
 
     def _sync_layout(self):
         """The frame buffer's layout for this body set (shapes do not change within a generation): the particle
         records of spheres and capsule ends, then the instance transforms of boxes and capsule cylinders (and
-        of convex bodies drawn as boxes), then the hull mesh's vertex records."""
+        of convex bodies drawn as boxes), then the one mesh: the static geometry's records (placed once), the
+        hulls', and the boxes' when few are drawn."""
         n = self.source.body_count
         shape = np.asarray(self.source.host_shapes()["shape"])[:n]
         count = np.bincount(shape, minlength=rm.SHAPE_KINDS)
@@ -392,12 +400,18 @@ class Renderer:
         self.particle_records = int(count[SHAPE_SPHERE] + 2 * count[SHAPE_CAPSULE])
         self.instances = int(count[SHAPE_BOX] + count[SHAPE_CAPSULE] + (0 if hulls_as_mesh else count[SHAPE_CONVEX]))
         self._instance_base = up.VERTEX_FLOATS * self.particle_records
-        self._hull_base = self._instance_base + up.TRANSFORM_FLOATS * self.instances
-        self._frame_floats = self._hull_base + up.VERTEX_FLOATS * self.hull_vertices
+        self._mesh_base = self._instance_base + up.TRANSFORM_FLOATS * self.instances
+        self._static_vertices = self.static_records.shape[0]
+        box_vertices = self._box_triangles[0].shape[0] * min(int(count[SHAPE_BOX]), BOX_MESH_MAX)
+        self._frame_floats = self._mesh_base + up.VERTEX_FLOATS * (self._static_vertices + self.hull_vertices +
+                                                                  box_vertices)
         if getattr(self, "frame", None) is None or self.frame.floats < self._frame_floats:
             if getattr(self, "frame", None) is not None:
                 self.frame.close()
             self.frame = up.FrameBuffer(self._frame_floats)
+        if self._static_vertices:
+            flat = np.ascontiguousarray(self.static_records.ravel())
+            rk.kernel_put_records(flat, flat.shape[0], self._mesh_base, self.frame.array)
         self._frame_host = None
 
     def scene_bounds(self):
@@ -446,13 +460,13 @@ class Renderer:
                     cells = 2 * max(4, min(20, int(round(g / _nice_cell(extent)))))
                     meshes.append(rm.checker_quad(floor_c, [0, 1, 0], g, g, cells, cells, *GROUND_COLORS,
                                                   lift=-0.002 * extent))
-        # one mesh for all of them, as host records: each GGUI draw is a buffer of its own and a device sync
-        self.static_mesh = None
+        # triangles (3 records each), placed once at the head of the frame's one mesh (_sync_layout)
+        self.static_records = np.zeros((0, up.VERTEX_FLOATS), np.float32)
         if meshes:
             starts = np.cumsum([0] + [len(v) for v, _n, _i, _c in meshes[:-1]])
             v, n, c = (np.concatenate([m[k] for m in meshes]) for k in (0, 1, 3))
             i = np.concatenate([m[2] + start for m, start in zip(meshes, starts)]).astype(np.int32)
-            self.static_mesh = (up.vertex_records(v, n, c), np.ascontiguousarray(i))
+            self.static_records = up.vertex_records(v[i], n[i], c[i])
         self.static_lines = up.vertex_records(np.concatenate(lines)) if lines else None
         self.lights = [
             (center + np.array([0.6, 2.5, 1.2]) * extent * 2.0, (0.95, 0.90, 0.82)),
@@ -479,9 +493,11 @@ class Renderer:
         self._sync_capacity()
         n = src.body_count
         self.culled = 0
-        if n == 0:
+        if n == 0:   # (the static geometry alone)
             self._host_counts = np.zeros(rm.SHAPE_KINDS * rm.COLOR_BUCKETS, np.int32)
-            self._frame_host = None
+            self.drawn_particles = self.drawn_instances = self.pick_glyphs = self.contact_glyphs = 0
+            self.boxes_meshed, self.mesh_vertices = False, self._static_vertices
+            self._frame_host = self.frame.host([(self._mesh_base, up.VERTEX_FLOATS * self.mesh_vertices)])
             return
         lists = src.contact_lists() if self.color_mode == "contacts" else None
         sleep = src.live_fields() if self.color_mode == "sleep" else None
@@ -527,6 +543,11 @@ class Renderer:
         spheres, capsules = int(c[:B].sum()), int(c[SHAPE_CAPSULE * B:(SHAPE_CAPSULE + 1) * B].sum())
         self.drawn_particles = spheres + 2 * capsules
         self.drawn_instances = int(c[B:(SHAPE_CONVEX if self._hull_tables is not None else SHAPE_CONVEX + 1) * B].sum())
+        boxes = int(c[SHAPE_BOX * B:(SHAPE_BOX + 1) * B].sum())
+        self.boxes_meshed = 0 < boxes <= BOX_MESH_MAX
+        mesh_boxes = self._mesh_base + up.VERTEX_FLOATS * (self._static_vertices + self.hull_vertices)
+        self.mesh_vertices = self._static_vertices + self.hull_vertices + \
+            (self._box_triangles[0].shape[0] * boxes if self.boxes_meshed else 0)
         frame = self.frame.array
         if self.drawn_instances:
             rk.kernel_scatter_instances(self.body_key, self.body_visible, src.body_pos, src.body_quat,
@@ -539,13 +560,18 @@ class Renderer:
         if self.hull_vertices:
             start, corners, normals = self._hull_tables
             rk.kernel_hull_mesh(self.body_key, src.body_shape, src.body_hull, src.body_pos, src.body_quat, n,
-                                start, corners, normals, self.bucket_color, B, self.hull_count,
-                                self.hull_vertices, self._hull_base, frame)
+                                start, corners, normals, self.bucket_color, B, self.mesh_count,
+                                self.hull_vertices, self._mesh_base + up.VERTEX_FLOATS * self._static_vertices,
+                                frame)
+        if self.boxes_meshed:
+            rk.kernel_box_mesh(self.body_key, self.body_visible, src.body_shape, src.body_pos, src.body_quat,
+                               src.body_half_extents, n, *self._box_triangles, self.bucket_color, B,
+                               self.mesh_count, self._box_triangles[0].shape[0] * boxes, mesh_boxes, frame)
         # the frame's copy to the host (app.viewer.upload), the drawn part of each segment: what GGUI draws from
         self._frame_host = self.frame.host(
             [(0, up.VERTEX_FLOATS * self.drawn_particles),
              (self._instance_base, up.TRANSFORM_FLOATS * self.drawn_instances),
-             (self._hull_base, up.VERTEX_FLOATS * self.hull_vertices)])
+             (self._mesh_base, up.VERTEX_FLOATS * self.mesh_vertices)])
         self.pick_glyphs = 0
         picked = src.contact_lists() if self.highlight >= 0 else None
         if picked is not None and self.highlight < n:
@@ -565,6 +591,11 @@ class Renderer:
         rec = self._frame_host[:up.VERTEX_FLOATS * self.drawn_particles].reshape(-1, up.VERTEX_FLOATS)
         return rec[:, 0:3], rec[:, 3], rec[:, 8:11]
 
+    def host_mesh(self) -> np.ndarray:
+        """This frame's one mesh as GGUI vertex records (K, 12): static geometry, hulls, boxes when meshed."""
+        return self._frame_host[self._mesh_base:self._mesh_base + up.VERTEX_FLOATS * self.mesh_vertices].reshape(
+            -1, up.VERTEX_FLOATS)
+
     def host_transforms(self) -> np.ndarray:
         """This frame's instance transforms (K, 4, 4), in key order (boxes, then capsule cylinders)."""
         return self._frame_host[self._instance_base:self._instance_base + 16 * self.drawn_instances].reshape(-1, 4, 4)
@@ -575,8 +606,6 @@ class Renderer:
         scene.ambient_light((0.30, 0.31, 0.34))
         for pos, col in self.lights:
             scene.point_light(pos=tuple(float(x) for x in pos), color=col)
-        if self.static_mesh is not None:
-            up.draw_mesh(scene, *self.static_mesh, two_sided=True)
         if self.static_lines is not None:
             up.draw_lines(scene, self.static_lines, 1.5, WALL_LINE_COLOR)
         counts, host = self._host_counts, self._frame_host
@@ -591,14 +620,16 @@ class Renderer:
             offset = 0
             for key in range(B, len(counts)):
                 if key // B == SHAPE_CONVEX and self._hull_tables is not None:
-                    break   # (drawn below as one mesh; the last shape's keys)
+                    break   # (hulls are in the mesh; the last shape's keys)
                 cnt = int(counts[key])
-                if cnt:
+                if cnt and not (key // B == SHAPE_BOX and self.boxes_meshed):
                     v, i = self.body_meshes[key // B]
                     up.draw_instances(scene, v, i, colors[key % B], transforms[offset:offset + cnt])
                 offset += cnt
-            if self.hull_vertices:
-                up.draw_mesh(scene, host[self._hull_base:self._frame_floats].reshape(-1, up.VERTEX_FLOATS))
+        # the one mesh: static geometry (with its back faces), hulls, and the boxes when few
+        if host is not None and self.mesh_vertices:
+            mesh = host[self._mesh_base:self._mesh_base + up.VERTEX_FLOATS * self.mesh_vertices]
+            up.draw_mesh(scene, mesh.reshape(-1, up.VERTEX_FLOATS))
         if self.pick_glyphs:
             k = self.pick_glyphs
             scene.particles(self.pick_point, radius=0.3 * self.size_hint, color=PICK_COLOR, index_count=k)

@@ -197,9 +197,17 @@ def test_colour_buckets_and_statics(ti_cpu):
     centre, radius, _ = r.host_particles()
     assert sorted(map(tuple, np.round(centre, 5))) == sorted(map(tuple, np.round(src.host_positions()[shapes == 0], 5)))
     # container floor + ground around it, in one mesh: 2 checker quads of (cells + 1)^2 vertices each
-    assert r.static_lines is not None and r.static_mesh is not None
-    v, i = r.static_mesh
-    assert v.shape[0] > 8 and i.max() == v.shape[0] - 1 and i.shape[0] % 3 == 0
+    assert r.static_lines is not None
+    k = r.static_records.shape[0]
+    assert k > 8 and k % 3 == 0
+    # three boxes are few: drawn as 12 triangles each in the one mesh, after the static geometry, at their places
+    mesh = r.host_mesh()
+    assert r.boxes_meshed and mesh.shape[0] == k + 3 * 36
+    np.testing.assert_array_equal(mesh[:k], r.static_records)
+    corners = mesh[k:, :3].reshape(3, 36, 3)
+    got = sorted(map(tuple, np.round(corners.mean(axis=1), 5)))
+    assert got == sorted(map(tuple, np.round(src.host_positions()[shapes == 1], 5)))
+    np.testing.assert_allclose(np.ptp(corners, axis=1), 0.2, atol=1e-5)
 
 
 @needs_vulkan
