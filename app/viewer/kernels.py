@@ -78,6 +78,12 @@ CULL_GROW = 1.05       # float32 depth at tens of metres)
 CULL_MAX_PIXELS = 4096  # a body that may cover more pixels is drawn (and occludes nothing): near bodies are few
 CULL_FAR = 1e30
 
+# Level of detail: a box whose bounding sphere spans fewer than this many pixels (radius) is drawn as a particle
+# (a 2-pixel box and a 2-pixel sphere look alike) of the radius of the sphere of its volume, with the spheres:
+# pile_1m seen whole has no instanced boxes left. body_visible: 0 culled, 1 drawn, DRAWN_AS_POINT as a particle.
+LOD_POINT_PIXELS = 2.0
+DRAWN_AS_POINT = 2
+
 
 @ti.func
 def _ray_sphere_depth(q, r, dx, dy):
@@ -143,8 +149,9 @@ def _pixel_box(q, r, focal, width, height):
 @ti.kernel
 def kernel_cull(body_shape: ti.template(), body_pos: ti.template(), body_half_extents: ti.template(),
                 body_count: ti.i32, view: ti.types.matrix(4, 4, ti.f32), focal: ti.f32, z_near: ti.f32,
-                depth: ti.template(), body_visible: ti.template()):
-    """body_visible[i] = 1 when body i can show in the image, else 0 (see above). view: world -> view space
+                point_pixels: ti.f32, depth: ti.template(), body_visible: ti.template()):
+    """body_visible[i] = 1 when body i can show in the image, else 0 (see above), DRAWN_AS_POINT for a box whose
+    bounding sphere's image has a radius under point_pixels. view: world -> view space
     (app.viewer.render.look_at_matrix); focal: the image's focal length in pixels (height / (2 tan(fov / 2)));
     depth: a (height, width) f32 scratch field, one entry per pixel centre."""
     height, width = depth.shape[0], depth.shape[1]
@@ -185,6 +192,9 @@ def kernel_cull(body_shape: ti.template(), body_pos: ti.template(), body_half_ex
                                                   (0.5 * height - py - 0.5) / focal)
                             if z > 0 or (px + 0.5 - c[0]) ** 2 + (py + 0.5 - c[1]) ** 2 <= rc2:
                                 vis = 1
+        if vis == 1 and body_shape[i] == SHAPE_BOX and r > 0 and -q[2] - r > z_near and \
+                focal * r_b / -q[2] < point_pixels:
+            vis = DRAWN_AS_POINT
         body_visible[i] = vis
 
 
@@ -201,8 +211,15 @@ def kernel_all_visible(body_count: ti.i32, body_visible: ti.template()):
 
 @ti.func
 def _draw_key(body_key, body_visible, i, hidden_key):
-    """The key a body is sorted and drawn by: its colour key, or hidden_key (after every other) when culled."""
-    return ti.select(body_visible[i] != 0, body_key[i], hidden_key)
+    """The key a body is sorted and drawn by: its colour key, the sphere key of its colour when drawn as a point,
+    or hidden_key (after every other) when culled."""
+    k = body_key[i]
+    buckets = hidden_key // (SHAPE_CONVEX + 1)
+    if body_visible[i] == 0:
+        k = hidden_key
+    elif body_visible[i] == DRAWN_AS_POINT:
+        k = SHAPE_SPHERE * buckets + k % buckets
+    return k
 
 
 @ti.func
@@ -239,6 +256,11 @@ def kernel_sphere_particles(body_key: ti.template(), body_visible: ti.template()
             s = ti.atomic_add(sphere_count[None], 1)
             _put_particle(frame, s, body_pos[i], body_half_extents[i][0] * radius_scale,
                           bucket_color[body_key[i] % buckets])
+        elif body_visible[i] == DRAWN_AS_POINT:
+            h = body_half_extents[i]
+            s = ti.atomic_add(sphere_count[None], 1)
+            _put_particle(frame, s, body_pos[i], ti.pow(h[0] * h[1] * h[2] * (6.0 / 3.14159265), 1.0 / 3.0) *
+                          radius_scale, bucket_color[body_key[i] % buckets])
         elif body_shape[i] == SHAPE_CAPSULE:
             h = body_half_extents[i]
             R = quat_to_mat(body_quat[i])
@@ -388,7 +410,7 @@ def kernel_box_mesh(body_key: ti.template(), body_visible: ti.template(), body_s
     vertex_count[None] = 0
     per_box = corner.shape[0]
     for i in range(body_count):
-        if body_visible[i] != 0 and body_shape[i] == SHAPE_BOX:
+        if body_visible[i] == 1 and body_shape[i] == SHAPE_BOX:
             first = ti.atomic_add(vertex_count[None], per_box)
             if first + per_box <= vertices:
                 R = quat_to_mat(body_quat[i])

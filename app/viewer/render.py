@@ -397,7 +397,8 @@ class Renderer:
         shape = np.asarray(self.source.host_shapes()["shape"])[:n]
         count = np.bincount(shape, minlength=rm.SHAPE_KINDS)
         hulls_as_mesh = self._hull_tables is not None
-        self.particle_records = int(count[SHAPE_SPHERE] + 2 * count[SHAPE_CAPSULE])
+        # (a box may be drawn as a point: kernels.LOD_POINT_PIXELS)
+        self.particle_records = int(count[SHAPE_SPHERE] + 2 * count[SHAPE_CAPSULE] + count[SHAPE_BOX])
         self.instances = int(count[SHAPE_BOX] + count[SHAPE_CAPSULE] + (0 if hulls_as_mesh else count[SHAPE_CONVEX]))
         self._instance_base = up.VERTEX_FLOATS * self.particle_records
         self._mesh_base = self._instance_base + up.TRANSFORM_FLOATS * self.instances
@@ -527,7 +528,7 @@ class Renderer:
             z_near = max(1e-4, 0.002 * self.extent)
             rk.kernel_cull(src.body_shape, src.body_pos, src.body_half_extents, n,
                            ti.Matrix(look_at_matrix(position, lookat, up_).astype(np.float32)), focal, z_near,
-                           self.cull_depth, self.body_visible)
+                           rk.LOD_POINT_PIXELS, self.cull_depth, self.body_visible)
         else:
             rk.kernel_all_visible(n, self.body_visible)
         rk.kernel_count_keys(self.body_key, self.body_visible, n, self.key_count, self.key_cursor)

@@ -90,6 +90,7 @@ def test_culling_changes_no_pixel(ti_cpu, monkeypatch):
     from app.viewer.render import PoseSource
 
     monkeypatch.setattr(render, "CULL_MIN_BODIES", 0)   # (1,568 bodies: culled only from 10,000 by default)
+    monkeypatch.setattr(render.rk, "LOD_POINT_PIXELS", 0.0)   # (every box as a box: the pixels must match)
 
     rng = np.random.default_rng(3)
     g = np.stack(np.meshgrid(*[np.arange(k) for k in (14, 8, 14)], indexing="ij"), -1).reshape(-1, 3)
@@ -112,6 +113,31 @@ def test_culling_changes_no_pixel(ti_cpu, monkeypatch):
         view.close()
         assert hidden > n // 5, f"only {hidden} of {n} bodies culled"
         assert np.array_equal(culled, every), f"{(culled != every).any(axis=2).sum()} pixels differ"
+
+
+@needs_vulkan
+def test_far_boxes_are_points(ti_cpu, monkeypatch):
+    """Level of detail: a box whose bounding sphere's image is under LOD_POINT_PIXELS in radius is one particle of
+    its volume's sphere, in its colour; the same box near the camera stays a box."""
+    from app.viewer import render
+    from app.viewer.offscreen import OffscreenView
+    from app.viewer.render import PoseSource, view_of
+
+    monkeypatch.setattr(render, "CULL_MIN_BODIES", 0)
+    half = np.array([[0.1, 0.05, 0.2]] * 2, np.float32)
+    src = PoseSource({"shape": np.array([1, 1], np.int32), "half_extents": half, "material": np.array([0, 1], np.int32)})
+    src.set_poses(np.array([[0.0, 0.0, 0.0], [8.0, 0.0, -55.0]]), np.tile([1.0, 0, 0, 0], (2, 1)))
+    view = OffscreenView(src, {"position": [0.0, 0.0, 3.0], "lookat": [0.0, 0.0, 0.0], "fov": 45}, (W, H))
+    r = view.renderer
+    r.update(view_of(view.camera, 45, (W, H)))
+    view.close()
+    assert r.drawn_instances == 1 and r.drawn_particles == 1   # the near box, the far one
+    np.testing.assert_allclose(r.host_transforms()[0, :3, 3], [0, 0, 0], atol=1e-6)
+    centre, radius, colour = r.host_particles()
+    np.testing.assert_allclose(centre[0], [8, 0, -55], atol=1e-4)
+    volume_radius = (0.1 * 0.05 * 0.2 * 6 / np.pi) ** (1 / 3)
+    np.testing.assert_allclose(radius[0], volume_radius * r.particle_scale, rtol=1e-5)
+    np.testing.assert_allclose(colour[0], rm.bucket_colors("material", None)[1], atol=1e-6)
 
 
 def _foreground(img):
