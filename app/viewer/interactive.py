@@ -89,8 +89,9 @@ def _headless_preview(args) -> int:
 
 # Frames per second of the videos the v key records (one video frame per window frame).
 RECORD_FPS = 30
-# The panel's width in pixels: its longest slider label, "solver iterations", fits.
-PANEL_WIDTH_PX = 400.0
+# The panel's width in pixels: its longest slider label, "solver iterations", fits, also beside the scroll bar
+# that a window too short for the whole panel gives it.
+PANEL_WIDTH_PX = 420.0
 
 
 class InteractiveViewer:
