@@ -149,11 +149,12 @@ def _pixel_box(q, r, focal, width, height):
 @ti.kernel
 def kernel_cull(body_shape: ti.template(), body_pos: ti.template(), body_half_extents: ti.template(),
                 body_count: ti.i32, view: ti.types.matrix(4, 4, ti.f32), focal: ti.f32, z_near: ti.f32,
-                point_pixels: ti.f32, depth: ti.template(), body_visible: ti.template()):
+                point_pixels: ti.f32, depth: ti.types.ndarray(dtype=ti.f32, ndim=2), body_visible: ti.template()):
     """body_visible[i] = 1 when body i can show in the image, else 0 (see above), DRAWN_AS_POINT for a box whose
     bounding sphere's image has a radius under point_pixels. view: world -> view space
     (app.viewer.render.look_at_matrix); focal: the image's focal length in pixels (height / (2 tan(fov / 2)));
-    depth: a (height, width) f32 scratch field, one entry per pixel centre."""
+    depth: a (height, width) f32 scratch array, one entry per pixel centre (an ndarray: a window resized to a
+    new size compiles nothing new)."""
     height, width = depth.shape[0], depth.shape[1]
     for I in ti.grouped(depth):
         depth[I] = CULL_FAR
@@ -305,7 +306,7 @@ def kernel_scatter_instances(body_key: ti.template(), body_visible: ti.template(
         if 0 <= slot < slots:
             R = quat_to_mat(body_quat[i])
             h = body_half_extents[i]
-            if body_key[i] >= SHAPE_CAPSULE * buckets:
+            if body_key[i] // buckets == SHAPE_CAPSULE:
                 h[1] -= h[0]   # a capsule's cylinder: its half length
             p = body_pos[i]
             at = base + TRANSFORM_FLOATS * slot

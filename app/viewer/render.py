@@ -515,13 +515,16 @@ class Renderer:
                                  self.body_key)
         elif self._keys_dirty:
             rk.kernel_keys_material(src.body_shape, src.body_material, n, rm.COLOR_BUCKETS, self.body_key)
+        if view is not None:
+            # (GGUI draws a particle the current image's aspect times its radius: a resized window changes it)
+            self.particle_scale = float(view[5]) / float(view[4])
         if n < CULL_MIN_BODIES:
             view = None
         per_frame = per_frame or view is not None
         if view is not None:
             position, lookat, up_, fov, width, height = view
-            if getattr(self, "cull_depth", None) is None or self.cull_depth.shape != (int(height), int(width)):
-                self.cull_depth = ti.field(ti.f32, (int(height), int(width)))
+            if getattr(self, "cull_depth", None) is None or tuple(self.cull_depth.shape) != (int(height), int(width)):
+                self.cull_depth = ti.ndarray(ti.f32, (int(height), int(width)))
             focal = 0.5 * height / math.tan(math.radians(fov) / 2)
             # apply_camera's near plane is at most this far (a moving camera keeps it): a body nearer may be clipped,
             # so it hides nothing and is always drawn

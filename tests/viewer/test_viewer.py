@@ -138,6 +138,9 @@ def test_far_boxes_are_points(ti_cpu, monkeypatch):
     volume_radius = (0.1 * 0.05 * 0.2 * 6 / np.pi) ** (1 / 3)
     np.testing.assert_allclose(radius[0], volume_radius * r.particle_scale, rtol=1e-5)
     np.testing.assert_allclose(colour[0], rm.bucket_colors("material", None)[1], atol=1e-6)
+    # GGUI draws a particle the image's aspect times its radius: a window resized to a square draws it at 1x
+    r.update(view_of(view.camera, 45, (W, W)))
+    np.testing.assert_allclose(r.host_particles()[1][0], volume_radius, rtol=1e-5)
 
 
 def _foreground(img):
@@ -586,3 +589,9 @@ def test_hulls_are_drawn_live_and_in_replay(ti_cpu, tmp_path):
     boxes = Renderer(src, aspect=16 / 9)
     boxes.update()
     assert boxes.hull_vertices == 0 and boxes._host_counts.sum() == 3 + 4
+    # each convex body is its bounding box: its transform scales the unit box by its half extents
+    convex = np.asarray(shapes["shape"]) == 3
+    t = boxes.host_transforms()
+    assert t.shape[0] == convex.sum()
+    np.testing.assert_allclose(np.sort(np.linalg.norm(t[:, :3, :3], axis=1).ravel()),
+                               np.sort(np.asarray(shapes["half_extents"])[convex].ravel()), rtol=1e-5)
