@@ -419,6 +419,12 @@ def bench_distribution(dist, n, rng, repeats, copy_bw, reuse=True, kernel_times=
             m["host_copy_ms"] = statistics.median(p[0] for p in pairs)
             m["to_csr_ms"] = statistics.median(p[1] for p in pairs)
             m["to_csr_pct_host_copy"] = 100 * m["host_copy_ms"] / m["to_csr_ms"]
+            # the export without a copy (to_dlpack: packed into new device arrays, shared with the consumer)
+            if ti.lang.impl.current_cfg().arch == ti.cpu:
+                got = np.from_dlpack(s.to_dlpack()[1])
+                if not np.array_equal(got, values):
+                    raise AssertionError(f"{dist}: {name} to_dlpack differs from to_csr")
+            m["to_dlpack_ms"] = time_ms(s.to_dlpack, repeats=max(3, repeats // 4))
         if isinstance(s, VLA):
             for op, flat in (("flat_read", lambda: k_read_flat(s, partial, FLAT_THREADS, FLAT_UNROLL)),
                              ("flat_fold", lambda: k_read_flat_fold(s, partial, FLAT_FOLD))):
@@ -498,12 +504,13 @@ USER_PATH = [
     ("first_device_over_live", "memory/live after the first launch", -2.0, "{:.2f}"),
     ("device_over_live", "memory/live after the refills", -1.5, "{:.2f}"),
     ("to_csr_pct_host_copy", "to_csr % of a plain field's to_numpy", 80.0, "{:.0f}"),
+    ("to_dlpack_pct_copy_bw", "to_dlpack (device export) % copy BW", None, "{:.0f}"),
     ("layout", "layout after the refills (inline, chunk, runs)", None, "{}"),
 ]
 
 
 # figures that are wall time (a host transfer) or no time at all, also in a --kernel-times table
-WALL_ONLY = ("to_csr_pct_host_copy", "layout")
+WALL_ONLY = ("to_csr_pct_host_copy", "to_dlpack_pct_copy_bw", "layout")
 
 
 def user_path_table(rows, kernel_times):
@@ -550,6 +557,8 @@ def _add_ratios(rows, live_bytes):
                 if f"{op}_kms" in r and r["copy_kGBps"]:
                     r[f"{op}_kGBps"] = (live_bytes / 1e9) / (r[f"{op}_kms"] / 1e3)
                     r[f"{op}_kpct_copy_bw"] = 100 * r[f"{op}_kGBps"] / r["copy_kGBps"]
+        if "to_dlpack_ms" in r:
+            r["to_dlpack_pct_copy_bw"] = 100 * (live_bytes / 1e9) / (r["to_dlpack_ms"] / 1e3) / r["copy_GBps"]
         if "padded" not in base:
             continue
         if "reduce_warp_ms" in r:

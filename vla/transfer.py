@@ -27,6 +27,19 @@ def _k_gather_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, out:
 
 
 @ti.kernel
+def _k_copy_leaf(v: ti.template(), path: ti.template(), out: _nd, total: ti.i32):
+    """A store that already is CSR (Transfer._store_is_csr): its first total slots, in order."""
+    for e in range(total):
+        out[e] = v._leaf_at(e, path)
+
+
+@ti.kernel
+def _k_copy_run_starts(v: ti.template(), out: _i32_nd):
+    for i in range(v.num_arrays + 1):
+        out[i] = v.table_start[i]
+
+
+@ti.kernel
 def _k_scatter_leaf(v: ti.template(), path: ti.template(), offsets: _i32_nd, owner: _i32_nd, src: _nd, total: ti.i32):
     """Write packed CSR values home (from_csr); capacity was reserved beforehand."""
     for e in range(total):
@@ -64,27 +77,70 @@ class Transfer:
         without a conversion on the host.)"""
         self.commit()
         self._check_complete("to_csr")
-        n = self.num_arrays
         if self._store_is_csr():
             # the pool already is the CSR values and the run starts its offsets: one copy each, nothing packed
             offsets = self.table_start.to_numpy()
             return offsets, self.store.to_numpy()[:int(offsets[-1])]
-        lens = self._scratch_nd("lengths_out", n)
-        k_lengths_to_nd(self, lens)
-        offs = self._scratch_nd("csr_offsets", n + 1)
-        self._scanner.exclusive(lens, n, offs)
-        offsets = offs.to_numpy()
-        total = int(offsets[-1])
-        values = {}
+        offs, leaves, total = self._csr_on_device(scratch_offsets=True)
+        offsets = offs.to_numpy()[:self.num_arrays + 1]
+        values = {key: nd.to_numpy()[:total] for key, nd in leaves.items()}
+        self._release_transient_scratch()
+        return offsets, self._values_of(values)
+
+    def to_dlpack(self):
+        """(offsets, values) packed on the device as DLPack producers (vla.dlpack): ``torch.from_dlpack``,
+        ``cupy.from_dlpack``, ``numpy.from_dlpack`` (CPU) take them without a copy. offsets: int32 (num_arrays+1,);
+        values: (total,) or (total, n[, m]) for vector/matrix elements, a dict keyed by member for structs. The packed
+        arrays are new device memory of their own (the VLA can change after), freed when the consumer's last array
+        is gone; nothing goes through the host."""
+        from .dlpack import dlpack
+        self.commit()
+        self._check_complete("to_dlpack")
+        offs, leaves, total = self._csr_on_device(scratch_offsets=False)
+        self._release_transient_scratch()
+        return dlpack(offs), self._values_of({key: dlpack(nd, total) for key, nd in leaves.items()})
+
+    def to_torch(self):
+        """(offsets, values) as PyTorch tensors on the VLA's device (CUDA or CPU) sharing the packed arrays of
+        :meth:`to_dlpack`: no copy, nothing through the host. Needs PyTorch (``pip install -e '.[torch]'``)."""
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"VLA {self.name!r}.to_torch needs PyTorch: pip install -e '.[torch]' "
+                              f"(or use to_dlpack with any DLPack consumer)") from None
+        offsets, values = self.to_dlpack()
+        if isinstance(values, dict):
+            return torch.from_dlpack(offsets), {key: torch.from_dlpack(x) for key, x in values.items()}
+        return torch.from_dlpack(offsets), torch.from_dlpack(values)
+
+    def _values_of(self, leaf_values: dict):
+        """A struct's leaves as the dict, any other element type's one leaf alone."""
+        return leaf_values if isinstance(self.dtype, StructType) else leaf_values[""]
+
+    def _csr_on_device(self, scratch_offsets: bool):
+        """(offsets ndarray (num_arrays+1 int32, or more when it is scratch), {leaf key: values ndarray}, total):
+        the committed lists packed on the device. The value ndarrays are new; the offsets are too unless
+        scratch_offsets (then the VLA's work buffer, valid until the next transfer)."""
+        n = self.num_arrays
+        offs = self._scratch_nd("csr_offsets", n + 1) if scratch_offsets else ti.ndarray(ti.i32, shape=n + 1)
+        csr = self._store_is_csr()
+        if csr:
+            _k_copy_run_starts(self, offs)   # the run starts are the offsets
+        else:
+            lens = self._scratch_nd("lengths_out", n)
+            k_lengths_to_nd(self, lens)
+            self._scanner.exclusive(lens, n, offs)
+        total = int(offs[n])
+        leaves = {}
         for path, ldt in self._leaves:
             out = ti.ndarray(ldt, shape=max(total, 1))
             if total:
-                _k_gather_leaf(self, path, offs, out)
-            values[".".join(path)] = out.to_numpy()[:total]
-        self._release_transient_scratch()
-        if not isinstance(self.dtype, StructType):
-            values = values[""]
-        return offsets, values
+                if csr:
+                    _k_copy_leaf(self, path, out, total)
+                else:
+                    _k_gather_leaf(self, path, offs, out)
+            leaves[".".join(path)] = out
+        return offs, leaves, total
 
     def _store_is_csr(self) -> bool:
         """Whether the storage holds exactly a CSR layout: ordered runs with no inline part and chunks of one element
