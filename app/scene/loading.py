@@ -125,6 +125,8 @@ def validate(data: dict, path="<dict>") -> Scene:
             sim[k] = float(_num(ctx, key, v, nonneg=True))
         elif k in ("max_speed", "penetration_limit"):
             sim[k] = float(_num(ctx, key, v, positive=True))
+        elif k == "load_path_ratio":
+            sim[k] = float(_num(ctx, key, v, nonneg=True))
         elif k == "large_body_factor":
             sim[k] = float(_num(ctx, key, v, nonneg=True))
             if 0 < sim[k] < 1:

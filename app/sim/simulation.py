@@ -193,6 +193,7 @@ class Simulation:
                         np.arange(scene.body_count, dtype=np.int64))
         builder.write(self.model, self._scene_of)
         self.grid.set_static(builder, self.model)
+        self._update_mass_range()
         b = {key: np.asarray(scene.bodies[key])[self._scene_of]
              for key in ("position", "orientation", "velocity", "angular_velocity")}
         self.state.set_rows(0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
@@ -295,10 +296,17 @@ class Simulation:
         scene stays fixed), from the next step; the viewer's f key."""
         k = int(self.internal_of[int(body)])
         self.builder.set_fixed(self.model, int(body), k, bool(fixed))
+        self._update_mass_range()
         if fixed:
             self.state.body_vel[k] = [0.0, 0.0, 0.0]
             self.state.body_omega[k] = [0.0, 0.0, 0.0]
         self.wake()
+
+    def _update_mass_range(self):
+        n = self.body_count
+        inv = self.model.body_inv_mass.to_numpy()[:n]
+        self.solver.set_mass_range(self.model.body_mass.to_numpy()[:n][inv > 0],
+                                   float(self.scene.resolved_sim()["load_path_ratio"]))
 
     def wake(self):
         """Wake every sleeping body (sleeping: sim.sleep_speed, sim.sleep_time; app.sim.state.asleep): after a change
