@@ -1,5 +1,6 @@
 """Export of a VLA's packed CSR through DLPack (vla.dlpack): consumers (numpy here; PyTorch where installed) see the
 lists of a numpy reference, share the packed memory instead of copying it, and release it when done."""
+import ctypes
 import gc
 import os
 
@@ -122,8 +123,15 @@ def test_an_unconsumed_export_releases_its_memory_and_an_empty_vla_exports_nothi
     offsets, values = v.to_dlpack()
     capsule = values.__dlpack__()
     assert exported_count() == before + 1
-    del capsule                               # never consumed: the capsule's destructor releases it
-    gc.collect()
+    # (another module changing the shared ctypes.pythonapi prototypes must not break the destructor)
+    shared = ctypes.pythonapi.PyCapsule_GetPointer
+    saved = shared.argtypes
+    shared.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    try:
+        del capsule                           # never consumed: the capsule's destructor releases it
+        gc.collect()
+    finally:
+        shared.argtypes = saved
     assert exported_count() == before
     assert np.from_dlpack(values).shape == (0,)
     np.testing.assert_array_equal(np.from_dlpack(offsets), np.zeros(101, np.int32))
