@@ -262,6 +262,7 @@ class Simulation:
         self.grid.set_static(self.builder, self.model)
         self._grid_order_current = False
         self._set_order(order)
+        self._update_mass_range()
         b = extra.bodies
         self.state.set_rows(n0, b["position"], b["orientation"], b["velocity"], b["angular_velocity"])
 
@@ -303,10 +304,11 @@ class Simulation:
         self.wake()
 
     def _update_mass_range(self):
-        n = self.body_count
-        inv = self.model.body_inv_mass.to_numpy()[:n]
-        self.solver.set_mass_range(self.model.body_mass.to_numpy()[:n][inv > 0],
-                                   float(self.scene.resolved_sim()["load_path_ratio"]))
+        """Tell the solver the movable bodies' masses (the load-path correction's switch: JacobiSolver.set_mass_range)
+        after the set of bodies or of fixed ones changed."""
+        b = self.builder.bodies
+        self.solver.set_mass_range(np.asarray(b["mass"])[np.asarray(b["inv_mass"]) > 0],
+                                   float(self.scene.sim["load_path_ratio"]))
 
     def wake(self):
         """Wake every sleeping body (sleeping: sim.sleep_speed, sim.sleep_time; app.sim.state.asleep): after a change

@@ -531,6 +531,31 @@ def test_a_heavy_box_on_light_ones_holds(sim, sleep_speed, ratio):
     assert np.abs(sim.velocities()).max() < HEAVY_REST_SPEED, sim.velocities()
 
 
+LOAD_PATH_SINK_MAX_M = 1e-3   # the 100:1 box added at runtime: 0.04 mm with the correction, 4.9 mm without
+
+
+def test_a_heavy_box_added_at_runtime_switches_the_load_paths_on(sim):
+    """Two light boxes alone (one mass: no load-path correction), then a box 100 times as dense set on them with
+    add_bodies (as the viewer drops one): the correction switches on and holds it within LOAD_PATH_SINK_MAX_M;
+    fixing the heavy box leaves bodies of one mass, and switches it off again."""
+    h = 0.25
+    mats = {"light": {"density": 10, "friction": 0.6, "restitution": 0.0},
+            "heavy": {"density": 1000, "friction": 0.6, "restitution": 0.0}}
+    floor = [{"type": "plane", "normal": [0, 1, 0], "offset": 0, "material": "light"}]
+    sim.load(scene_from_dict(_scene([_box([h, h, h], [0, h + 2 * h * k, 0], mat="light") for k in range(2)],
+                                    statics=floor, materials=mats, sleep_speed=0.0)))
+    assert not sim.solver.use_load_paths
+    _run(sim, 0.2)
+    sim.add_bodies([_box([h, h, h], [0, 5 * h, 0], mat="heavy")])
+    assert sim.solver.use_load_paths
+    y0 = sim.positions()[2, 1]
+    _run(sim, HEAVY_REST_S)
+    assert y0 - sim.positions()[2, 1] < LOAD_PATH_SINK_MAX_M
+    assert np.abs(sim.velocities()).max() < HEAVY_REST_SPEED
+    sim.set_fixed(2)
+    assert not sim.solver.use_load_paths
+
+
 # Rolling capsule: a = g sin(theta) / (1 + I_axis / (m r^2)) along the slope. The discrete integrator and the
 # contacts' slop leave the distance short by O(dt) of it: 1 s from rest at 15 degrees covers about 0.9 m; 1% is 9 mm.
 ROLL_REL_TOL = 0.01
