@@ -8,10 +8,12 @@ null space of J M^-1 J^T (it moves only the top body), so its convergence rate i
 
 What: one coarse correction per step, before the Jacobi iterations. A body resting on others (a "support" contact:
 the normal pushing it within 18 degrees of up, and the body under it fixed, asleep, a plane or itself supported,
-found in COARSE_PASSES parallel passes from the ground up) may add impulse along its load path: equal shares over
-its support points, and each supporting body passes everything it receives, plus its own share, on to its own
-supports. Impulses along a whole path cancel on the bodies in between (force; torque only where the points line
-up), so the path's coarse matrix p^T A p is about the top body's own n^T M^-1 n; the coarse residual p^T r
+found in COARSE_PASSES parallel passes from the ground up) may add impulse along its load path, shared over its
+support points, and each supporting body passes everything it receives, plus its own share, on to its own
+supports. The shares put the resultant under the loads' resultant (its own share at its centre, the loads from
+above where they press: the least-squares change from equal shares, clipped at zero), so the impulses along a whole
+path cancel on the bodies in between, force and torque (equal shares turned an off-centre light box: three boxes
+each 1 cm further along x, the top one 100 times as dense, rocked and rose 32 mm). The path's coarse matrix p^T A p is about the top body's own n^T M^-1 n; the coarse residual p^T r
 telescopes to the top body's approach velocity to the ground along the path (resting contacts only: one with a gap,
 or closing faster than restitution_threshold, adds no residual, or a landing body would stop the one above it). So each body takes
 D_i = max(0, p_i^T r) / (p_i^T A p_i), at once, for the velocity and for the split-impulse pseudo velocity
@@ -25,6 +27,7 @@ order does not change the result)."""
 import taichi as ti
 
 from app.sim.contacts import record_normal as _record_normal, skipping
+from app.sim.math3d import contact_tangents
 from app.sim.solver_records import pack_motion, unpack_body, unpack_motion
 
 vec2 = ti.types.vector(2, ti.f32)
@@ -59,6 +62,12 @@ class LoadPaths:
         self.T = ti.Vector.field(2, ti.f32, shape=(2, n))   # flow through the body (N s), top down
         self.D = ti.Vector.field(2, ti.f32, shape=n)        # the body's own coarse impulse
         self.s = ti.field(ti.i32, shape=n)                  # its support points
+        # where its supports take the flow: point k's share is max(1/s + (q_k - pbar) . mu, 0) / wsum, q_k the
+        # point across the up axis relative to the body's centre (m); mu, wsum per top-down pass (ping-pong)
+        self.pbar = ti.Vector.field(2, ti.f32, shape=n)     # support points' mean q (m)
+        self.cinv = ti.Vector.field(3, ti.f32, shape=n)     # inverse of their covariance (xx, xz, zz; 1/m^2)
+        self.mu = ti.Vector.field(2, ti.f32, shape=(2, n))  # 1/m
+        self.wsum = ti.field(ti.f32, shape=(2, n))
 
     @ti.func
     def _support_lower(self, solver: ti.template(), j, src):
@@ -79,7 +88,11 @@ class LoadPaths:
                      dt: ti.f32, failed_step: ti.template()):
         g = model.gravity[None]
         glen = g.norm()
-        n_bodies = ti.select(skipping(failed_step) or glen <= 0.0, 0, model.body_count[None])
+        # without gravity there is no up and no load: the bodies' motion passes through unchanged (the iterations
+        # start from motion[1] whatever happens here)
+        active = glen > 0.0
+        n_all = ti.select(skipping(failed_step), 0, model.body_count[None])
+        n_bodies = ti.select(active, n_all, 0)
         up = -g / ti.max(glen, 1e-30)
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
@@ -145,33 +158,91 @@ class LoadPaths:
                 self.D[i] = Di
                 self.s[i] = s
         lower = (COARSE_PASSES - 1) % 2   # the ground flags the last pass read: a contact supports with these
+        t1, t2 = contact_tangents(up)
+        # the support points' spread across the up axis (fixed-point sums: the list order changes no bit)
+        for i in range(n_bodies):
+            bi = unpack_body(solver.body[i])
+            self.pbar[i] = vec2(0.0)
+            self.cinv[i] = vec3(0.0)
+            if bi.inv_mass > 0.0 and self.s[i] > 1:
+                rad = ti.max(model.body_radius[i], 1e-6)
+                q1 = ivec2(0)
+                q2 = ivec3(0)
+                li = base + i
+                for k in range(lists.length(li)):
+                    rec = lists.get(li, k)
+                    if _record_normal(rec).dot(up) >= SUPPORT_COS:
+                        ok, _Gj = self._support_lower(solver, rec.other, lower)
+                        if ok:
+                            q = _across(rec.point - bi.pos, t1, t2) / rad
+                            q1 += ti.cast(q * FIXED_ONE, ti.i64)
+                            q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
+                inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
+                m = ti.cast(q1, ti.f32) / FIXED_ONE * inv_s
+                c = ti.cast(q2, ti.f32) / FIXED_ONE * inv_s - vec3(m[0] * m[0], m[0] * m[1], m[1] * m[1])
+                c += vec3(1e-4, 0.0, 1e-4)   # (two points on a line, or one: the shares stay defined)
+                det = c[0] * c[2] - c[1] * c[1]
+                self.pbar[i] = m * rad
+                self.cinv[i] = vec3(c[2], -c[1], c[0]) / (det * rad * rad)
         for i in range(n_bodies):
             self.T[0, i] = self.D[i]
-        # from the top down: the flow each body passes to its supports
+            self.mu[0, i] = vec2(0.0)
+            self.wsum[0, i] = 1.0
+        # from the top down: the flow each body passes to its supports, and where: the supports' shares put the
+        # resultant of its flow under the loads' resultant (its own share at its centre, the loads from above where
+        # they press), so that the correction turns no body (equal shares turned an off-centre light box)
         for p in ti.static(range(COARSE_PASSES)):
             src = p % 2
             dst = 1 - src
             for i in range(n_bodies):
                 bi = unpack_body(solver.body[i])
                 Ti = self.D[i]
+                mu = vec2(0.0)
+                wsum = 1.0
                 if bi.inv_mass > 0.0 and self.ground[lower, i] != 0:
+                    rad = ti.max(model.body_radius[i], 1e-6)
                     scale = FIXED_ONE * bi.inv_mass
                     acc = ivec2(0)
+                    mom = ivec2(0)
                     li = base + i
                     for k in range(lists.length(li)):
                         rec = lists.get(li, k)
                         j = rec.other
                         if j >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
-                            if self.s[j] > 0 and unpack_body(solver.body[j]).inv_mass > 0.0:
-                                acc += ti.cast(self.T[src, j] / ti.cast(self.s[j], ti.f32) * scale, ti.i64)
+                            bj = unpack_body(solver.body[j])
+                            if self.s[j] > 0 and bj.inv_mass > 0.0:
+                                f = self.T[src, j] * self._share(j, rec.point - bj.pos, t1, t2, src)
+                                acc += ti.cast(f * scale, ti.i64)
+                                q = _across(rec.point - bi.pos, t1, t2)
+                                mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
                     Ti += ti.cast(acc, ti.f32) / scale
+                    total = Ti[0] + Ti[1]
+                    if self.s[i] > 1 and total > 0.0:
+                        aim = ti.cast(mom, ti.f32) * (rad / scale) / total   # the loads' resultant (m)
+                        d = aim - self.pbar[i]
+                        ci = self.cinv[i]
+                        inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
+                        # sum_k w_k q_k = pbar + s C mu: the shares' resultant at aim (C the points' covariance)
+                        mu = vec2(ci[0] * d[0] + ci[1] * d[1], ci[1] * d[0] + ci[2] * d[1]) * inv_s
+                        ws = ti.i64(0)
+                        for k in range(lists.length(li)):
+                            rec = lists.get(li, k)
+                            if _record_normal(rec).dot(up) >= SUPPORT_COS:
+                                ok, _Gj = self._support_lower(solver, rec.other, lower)
+                                if ok:
+                                    q = _across(rec.point - bi.pos, t1, t2)
+                                    w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
+                                    ws += ti.cast(w * FIXED_ONE, ti.i64)
+                        wsum = ti.max(ti.cast(ws, ti.f32) / FIXED_ONE, 1e-6)
                 self.T[dst, i] = Ti
+                self.mu[dst, i] = mu
+                self.wsum[dst, i] = wsum
         final = COARSE_PASSES % 2
-        # apply: each support contact takes its upper body's flow share, in both copies
-        for i in range(n_bodies):
+        # apply: each support contact takes its share of its upper body's flow, in both copies
+        for i in range(n_all):
             bi = unpack_body(solver.body[i])
             mo = unpack_motion(solver.motion[0, i])
-            if bi.inv_mass > 0.0:
+            if bi.inv_mass > 0.0 and active:
                 scale = FIXED_ONE * bi.inv_mass
                 scale_w = FIXED_ONE * ti.max(bi.inv_inertia_d[0], ti.max(bi.inv_inertia_d[1], bi.inv_inertia_d[2]))
                 P = ivec3(0)
@@ -187,10 +258,11 @@ class LoadPaths:
                     if nrm.dot(up) >= SUPPORT_COS and self.s[i] > 0:
                         ok, _Gj = self._support_lower(solver, j, lower)
                         if ok:
-                            F = self.T[final, i] / ti.cast(self.s[i], ti.f32)
+                            F = self.T[final, i] * self._share(i, rec.point - bi.pos, t1, t2, final)
                     elif j >= 0 and -nrm.dot(up) >= SUPPORT_COS and self.ground[lower, i] != 0:
-                        if self.s[j] > 0 and unpack_body(solver.body[j]).inv_mass > 0.0:
-                            F = self.T[final, j] / ti.cast(self.s[j], ti.f32)
+                        bj = unpack_body(solver.body[j])
+                        if self.s[j] > 0 and bj.inv_mass > 0.0:
+                            F = self.T[final, j] * self._share(j, rec.point - bj.pos, t1, t2, final)
                     # (a pull takes back at most what the contact pushes: both copies clamp alike)
                     F = ti.max(F, -vec2(rec.impulse_n, rec.impulse_p))
                     if F[0] != 0.0 or F[1] != 0.0:
@@ -211,3 +283,15 @@ class LoadPaths:
                 mo.pw = mo.pw + _sym_mul(Id, Io, ti.cast(Lp, ti.f32) / scale_w)
             solver.motion[1, i] = pack_motion(mo)
 
+    @ti.func
+    def _share(self, j, r, t1, t2, pass_: ti.template()):
+        """The share of body j's flow that its support point at r (from j's centre) takes, in top-down pass pass_."""
+        inv_s = 1.0 / ti.cast(self.s[j], ti.f32)
+        q = _across(r, t1, t2)
+        return ti.max(inv_s + (q - self.pbar[j]).dot(self.mu[pass_, j]), 0.0) / self.wsum[pass_, j]
+
+
+@ti.func
+def _across(r, t1, t2):
+    """r's coordinates across the up axis (in the plane of t1, t2)."""
+    return vec2(r.dot(t1), r.dot(t2))
