@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import itertools
+import sys
 
 import taichi as ti
 from taichi._lib import core as _ti_core
@@ -49,10 +50,11 @@ class _DLManagedTensor(ctypes.Structure):
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
 _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
 
-# Every exported tensor's keep-alive (the ndarray, the ctypes structures), by the key in its manager_ctx, until the
-# consumer calls the deleter (or the capsule dies unconsumed).
-_EXPORTED: dict[int, tuple] = {}
+# Every exported tensor's keep-alive (the program, the ndarray, the ctypes structures and, until a consumer takes it,
+# the capsule), by the key in its manager_ctx, until the consumer calls the deleter or the capsule is dropped unused.
+_EXPORTED: dict[int, list] = {}
 _KEYS = itertools.count(1)
+_CAPSULE = 5   # the entry's slot of the capsule
 
 
 def _release(key: int):
@@ -63,7 +65,10 @@ def _release(key: int):
 
 @_DELETER
 def _deleter(managed):
-    _release(int(managed.contents.manager_ctx or 0))
+    try:
+        _release(int(managed.contents.manager_ctx or 0))
+    except Exception:   # (a consumer freeing its tensor at interpreter exit, after this module's globals went)
+        pass
 
 
 _CAPSULE_NAME = b"dltensor"
@@ -71,19 +76,26 @@ _CAPSULE_NAME = b"dltensor"
 # process, so argtypes set on them here or elsewhere would apply to all.
 _capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
     ("PyCapsule_New", ctypes.pythonapi))
-_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
     ("PyCapsule_IsValid", ctypes.pythonapi))
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule):
-    # A consumer renames the capsule "used_dltensor" and owns the tensor from then on; a capsule that dies still
-    # named "dltensor" was never consumed, so its tensor is released here (the DLPack protocol's rule).
-    if _capsule_valid(capsule, _CAPSULE_NAME):
-        managed = ctypes.cast(_capsule_pointer(capsule, _CAPSULE_NAME), ctypes.POINTER(_DLManagedTensor))
-        _deleter(managed)
+def _sweep():
+    """Release the exports whose capsule was dropped without a consumer taking it, and let go of the capsules
+    consumers took (renamed "used_dltensor": the consumer owns the tensor and calls the deleter).
+
+    The capsules carry no destructor: one written in Python (ctypes) cannot run while an exception is being raised
+    (a consumer refusing a capsule), where it would replace that exception with a SystemError and leak the export;
+    this sweep runs at the next export or count instead."""
+    for key, entry in list(_EXPORTED.items()):
+        capsule = entry[_CAPSULE]
+        if capsule is None:
+            continue
+        if not _capsule_valid(capsule, _CAPSULE_NAME):
+            entry[_CAPSULE] = None
+        elif sys.getrefcount(capsule) <= 3:   # the entry, `capsule` here and getrefcount's argument: nobody else
+            _release(key)
+        del capsule
 
 
 def _dl_dtype(dt) -> _DLDataType:
@@ -140,6 +152,9 @@ class DLPackArray:
         first (ti.sync()), so any stream the consumer reads on sees the data: ``stream`` needs no event."""
         if copy:
             raise BufferError("dlpack: this export shares memory; copy=True is not offered")
+        if taichi_compat.program() is not self._program:
+            raise BufferError("dlpack: the Taichi program that held this array has ended (ti.reset() or a new "
+                              "ti.init()); export again from the live program")
         if dl_device is not None and tuple(dl_device) != self._device:
             raise BufferError(f"dlpack: the data lives on device {self._device}, not {tuple(dl_device)}")
         ti.sync()
@@ -150,6 +165,7 @@ class DLPackArray:
         for d in reversed(range(ndim)):   # compact row-major, in elements
             strides[d] = step
             step *= self.shape[d]
+        _sweep()
         key = next(_KEYS)
         managed = _DLManagedTensor()
         managed.dl_tensor = _DLTensor(self._ptr, _DLDevice(*self._device), ndim, self._dtype,
@@ -157,8 +173,9 @@ class DLPackArray:
                                       ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64)), 0)
         managed.manager_ctx = key
         managed.deleter = _deleter
-        _EXPORTED[key] = (self._program, self._nd, managed, shape, strides)
-        return _capsule_new(ctypes.addressof(managed), _CAPSULE_NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        capsule = _capsule_new(ctypes.addressof(managed), _CAPSULE_NAME, None)
+        _EXPORTED[key] = [self._program, self._nd, managed, shape, strides, capsule]
+        return capsule
 
 
 def dlpack(nd, rows=None) -> DLPackArray:
@@ -168,5 +185,6 @@ def dlpack(nd, rows=None) -> DLPackArray:
 
 
 def exported_count() -> int:
-    """Tensors handed out and not yet released by their consumers (for tests)."""
+    """Tensors handed out and not yet released by their consumers (for tests); sweeps first."""
+    _sweep()
     return len(_EXPORTED)

@@ -128,13 +128,16 @@ def test_an_unconsumed_export_releases_its_memory_and_an_empty_vla_exports_nothi
     saved = shared.argtypes
     shared.argtypes = [ctypes.py_object, ctypes.c_char_p]
     try:
-        del capsule                           # never consumed: the capsule's destructor releases it
+        del capsule                           # never consumed: the next export or count releases it
         gc.collect()
     finally:
         shared.argtypes = saved
     assert exported_count() == before
     assert np.from_dlpack(values).shape == (0,)
     np.testing.assert_array_equal(np.from_dlpack(offsets), np.zeros(101, np.int32))
+    with pytest.raises(ZeroDivisionError):   # a capsule dropped while an exception is raised: released, not leaked
+        [values.__dlpack__(), 1 / 0]
+    assert exported_count() == before
     with pytest.raises(BufferError, match="copy=True"):
         values.__dlpack__(copy=True)
     with pytest.raises(ValueError, match="1-d ndarray"):
@@ -157,3 +160,13 @@ def test_pytorch_shares_the_packed_csr():
     shared[0] = -7                                                               # and writable
     assert torch.from_dlpack(values_x)[0] == -7
     v.release()
+
+
+def test_an_export_of_an_ended_program_is_refused():
+    v = VLA(10, ti.i32, name="ended")
+    launch(k_fill, v, nd(np.full(10, 3)))
+    offsets, values = v.to_dlpack()
+    ti.reset()
+    ti.init(arch=getattr(ti, ARCH), random_seed=0, **({"advanced_optimization": False} if ARCH == "cpu" else {}))
+    with pytest.raises(BufferError, match="program .* has ended"):
+        np.from_dlpack(values)
