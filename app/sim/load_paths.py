@@ -171,12 +171,10 @@ class LoadPaths:
                 li = base + i
                 for k in range(lists.length(li)):
                     rec = lists.get(li, k)
-                    if _record_normal(rec).dot(up) >= SUPPORT_COS:
-                        ok, _Gj = self._support_lower(solver, rec.other, lower)
-                        if ok:
-                            q = _across(rec.point - bi.pos, t1, t2) / rad
-                            q1 += ti.cast(q * FIXED_ONE, ti.i64)
-                            q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
+                    if self._is_support(solver, rec, up, lower):
+                        q = _across(rec.point - bi.pos, t1, t2) / rad
+                        q1 += ti.cast(q * FIXED_ONE, ti.i64)
+                        q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
                 inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
                 m = ti.cast(q1, ti.f32) / FIXED_ONE * inv_s
                 c = ti.cast(q2, ti.f32) / FIXED_ONE * inv_s - vec3(m[0] * m[0], m[0] * m[1], m[1] * m[1])
@@ -207,14 +205,13 @@ class LoadPaths:
                     li = base + i
                     for k in range(lists.length(li)):
                         rec = lists.get(li, k)
-                        j = rec.other
-                        if j >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
-                            bj = unpack_body(solver.body[j])
-                            if self.s[j] > 0 and bj.inv_mass > 0.0:
-                                f = self.T[src, j] * self._share(j, rec.point - bj.pos, t1, t2, src)
-                                acc += ti.cast(f * scale, ti.i64)
-                                q = _across(rec.point - bi.pos, t1, t2)
-                                mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
+                        j = self._carried(solver, rec, up)
+                        if j >= 0:
+                            f = self.T[src, j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2,
+                                                             src)
+                            acc += ti.cast(f * scale, ti.i64)
+                            q = _across(rec.point - bi.pos, t1, t2)
+                            mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
                     Ti += ti.cast(acc, ti.f32) / scale
                     total = Ti[0] + Ti[1]
                     if self.s[i] > 1 and total > 0.0:
@@ -227,12 +224,10 @@ class LoadPaths:
                         ws = ti.i64(0)
                         for k in range(lists.length(li)):
                             rec = lists.get(li, k)
-                            if _record_normal(rec).dot(up) >= SUPPORT_COS:
-                                ok, _Gj = self._support_lower(solver, rec.other, lower)
-                                if ok:
-                                    q = _across(rec.point - bi.pos, t1, t2)
-                                    w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
-                                    ws += ti.cast(w * FIXED_ONE, ti.i64)
+                            if self._is_support(solver, rec, up, lower):
+                                q = _across(rec.point - bi.pos, t1, t2)
+                                w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
+                                ws += ti.cast(w * FIXED_ONE, ti.i64)
                         wsum = ti.max(ti.cast(ws, ti.f32) / FIXED_ONE, 1e-6)
                 self.T[dst, i] = Ti
                 self.mu[dst, i] = mu
@@ -252,17 +247,15 @@ class LoadPaths:
                 li = base + i
                 for k in range(lists.length(li)):
                     rec = lists.get(li, k)
-                    j = rec.other
                     nrm = _record_normal(rec)
                     F = vec2(0.0)
-                    if nrm.dot(up) >= SUPPORT_COS and self.s[i] > 0:
-                        ok, _Gj = self._support_lower(solver, j, lower)
-                        if ok:
-                            F = self.T[final, i] * self._share(i, rec.point - bi.pos, t1, t2, final)
-                    elif j >= 0 and -nrm.dot(up) >= SUPPORT_COS and self.ground[lower, i] != 0:
-                        bj = unpack_body(solver.body[j])
-                        if self.s[j] > 0 and bj.inv_mass > 0.0:
-                            F = self.T[final, j] * self._share(j, rec.point - bj.pos, t1, t2, final)
+                    if self.s[i] > 0 and self._is_support(solver, rec, up, lower):
+                        F = self.T[final, i] * self._share(i, rec.point - bi.pos, t1, t2, final)
+                    elif self.ground[lower, i] != 0:
+                        j = self._carried(solver, rec, up)
+                        if j >= 0:
+                            F = self.T[final, j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2,
+                                                               final)
                     # (a pull takes back at most what the contact pushes: both copies clamp alike)
                     F = ti.max(F, -vec2(rec.impulse_n, rec.impulse_p))
                     if F[0] != 0.0 or F[1] != 0.0:
@@ -282,6 +275,27 @@ class LoadPaths:
                 mo.pv = mo.pv + bi.inv_mass * ti.cast(Pp, ti.f32) / scale
                 mo.pw = mo.pw + _sym_mul(Id, Io, ti.cast(Lp, ti.f32) / scale_w)
             solver.motion[1, i] = pack_motion(mo)
+
+    @ti.func
+    def _is_support(self, solver: ti.template(), rec, up, lower: ti.template()):
+        """Whether contact rec, in the upper body's list, is one of its support points: its normal within SUPPORT_COS
+        of up, the body under it fixed, asleep, a plane or supported from the ground (flags of pass `lower`)."""
+        ok = False
+        if _record_normal(rec).dot(up) >= SUPPORT_COS:
+            found, _Gj = self._support_lower(solver, rec.other, lower)
+            ok = found
+        return ok
+
+    @ti.func
+    def _carried(self, solver: ti.template(), rec, up):
+        """The movable, supported body that contact rec, in the lower body's list, holds up (its normal pushing the
+        other body within SUPPORT_COS of up), or -1."""
+        out = -1
+        j = rec.other
+        if j >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
+            if self.s[j] > 0 and unpack_body(solver.body[j]).inv_mass > 0.0:
+                out = j
+        return out
 
     @ti.func
     def _share(self, j, r, t1, t2, pass_: ti.template()):
