@@ -94,14 +94,6 @@ def init_taichi(arch: str, cuda_options=None, cpu_options=None) -> str:
     return "cpu"
 
 
-def on_gpu() -> bool:
-    """Taichi runs on CUDA: kernel launches return before the kernels are done (on the CPU they run as launched)."""
-    import taichi as ti
-    from taichi.lang import impl
-
-    return impl.current_cfg().arch == ti.cuda
-
-
 def ensure_taichi(arch: str = "auto", verbose=True, scene=None, capacity: int = 0) -> str:
     """ti.init for `arch` (auto | cpu | cuda) unless Taichi already runs; returns the arch in use ('cpu' or
     'cuda'). auto takes CUDA where it exists and says which it took on stderr. scene: the scene it is for,

@@ -3,17 +3,15 @@
     python run.py bench viewer --arch cuda --scene scenes/pile_100k.yaml [--frames 120] [--warmup 30]
                                [--size 1280x720] [--color material|contacts] [--contacts] [--out DIR]
 
-Five loops over the same scene, after `--warmup` untimed frames (kernel compilation, VLA growth), taking turns a
+Four loops over the same scene, after `--warmup` untimed frames (kernel compilation, VLA growth), taking turns a
 frame each (a landing pile's steps grow slower as its contacts grow: each loop sees the same stretch of it):
 
 * sim: `sim.step_frame()` alone (substeps steps), synchronised: the ceiling the viewer can reach.
 * render: the viewer alone on a frozen state: instance-transform kernels + GGUI draw + frame capture.
-* sim, then render: both per frame, one after the other, what `--headless --render` does.
-* sim+render: the window's frame: the bodies read for drawing, the frame's steps launched
-  (Simulation.launch_frame), the frame drawn while a GPU runs them, the steps finished. On the CPU the kernels
-  run as they are launched and this equals the serial loop.
-* paced: the same with the steps app.viewer.pacing.FramePacer gives each frame (the camera keeps its frame rate
-  when the simulation is slow); reports the steps a frame and the real-time factor.
+* sim+render: both per frame (all substeps), what `--headless --render` does.
+* paced: the interactive window's loop: each frame runs the steps app.viewer.pacing.FramePacer gives it (the
+  camera keeps its frame rate when the simulation is slow), then renders; reports the steps a frame and the
+  real-time factor.
 
 Offscreen, a frame is finished by capturing it (GGUI's `show()` needs a visible window), so "render"
 includes reading the image back (width x height x 16 bytes); the interactive window presents instead. A second
@@ -78,8 +76,7 @@ def main(argv=None) -> int:
 
     import taichi as ti
 
-    from app.runtime import on_gpu
-    from app.viewer.pacing import FramePacer, FrameSteps
+    from app.viewer.pacing import FramePacer
 
     def sim_only():
         sim.step_frame()
@@ -87,35 +84,26 @@ def main(argv=None) -> int:
     def render_only():
         view.render()
 
-    def serial():
+    def both():
         sim.step_frame()
         view.render()
 
-    def both():
-        # the window's frame: the bodies read, the steps launched, the frame drawn beside them, the steps finished
-        view.update()
-        sim.launch_frame()
-        view.declare()
-        view.capture()
-        sim.finish_frame()
-
     pacer = FramePacer(sim.substeps)
-    paced_steps = FrameSteps(sim, pacer, overlap=on_gpu())
     paced_count = [0]
 
     def paced():
-        # as InteractiveViewer.run: the pacer's steps beside the drawing
-        t0 = time.perf_counter()
-        view.update()
+        # as InteractiveViewer.advance, then its drawing
         n = pacer.steps()
+        t0 = time.perf_counter()
+        if n:
+            sim.step_frame(n)
+            ti.sync()
+            pacer.stepped(n, (time.perf_counter() - t0) * 1e3)
         t1 = time.perf_counter()
-        paced_steps.launch(n)
-        t2 = time.perf_counter()
-        view.declare()
-        view.capture()
-        t3 = time.perf_counter()
-        paced_count[0] += paced_steps.finish()
-        pacer.drew((t1 - t0 + t3 - t2) * 1e3, (t3 - t2) * 1e3 if n and paced_steps.overlap else 0.0)
+        view.render()
+        ti.sync()
+        pacer.drew((time.perf_counter() - t1) * 1e3)
+        paced_count[0] += n
 
     def render_parts(parts):
         t0 = time.perf_counter()
@@ -133,11 +121,10 @@ def main(argv=None) -> int:
             parts.setdefault(key, []).append((b - a) * 1e3)
 
     for _ in range(args.warmup):
-        serial()
+        both()
     # the loops take turns, a frame each, so that each sees the same stretch of the scene's motion (a pile that
     # lands gets more contacts and slower steps as it goes)
-    loops = (("sim", sim_only), ("render", render_only), ("sim, then render", serial),
-             ("sim+render", both), ("paced", paced))
+    loops = (("sim", sim_only), ("render", render_only), ("sim+render", both), ("paced", paced))
     samples = {name: [] for name, _ in loops}
     sim_advanced = 0.0
     for _ in range(args.frames):
@@ -158,7 +145,7 @@ def main(argv=None) -> int:
             row["steps_per_frame"] = round(paced_count[0] / args.frames, 2)
             row["realtime"] = round(sim_advanced / (sum(ms) * 1e-3), 3)
         rows.append(row)
-    sim_ms, both_ms = rows[0]["ms_median"], rows[3]["ms_median"]
+    sim_ms, both_ms = rows[0]["ms_median"], rows[2]["ms_median"]
     parts = {}
     for _ in range(args.frames):
         render_parts(parts)

@@ -441,20 +441,8 @@ class Simulation:
     def step_frame(self, steps=None):
         """Advance `substeps` steps (or `steps`), then check health and overflow. One host read a frame when no VLA had to
         grow: the frame's readout (read_frame, kept in last_frame) also says whether the steps' commits
-        sufficed; when one did not, the steps are redone (see advance) and read again. Same as launch_frame(steps)
-        then finish_frame()."""
-        self.launch_frame(steps)
-        self.finish_frame()
-
-    def launch_frame(self, steps=None):
-        """Launch a frame's steps (`substeps`, or `steps`) and return without waiting for them: on a GPU the device
-        works through them while the host does something else (the viewer draws the frame before meanwhile).
-        finish_frame() must follow before anything else changes the simulation; a read of the state in between
-        waits for the steps (and sees them unchecked). On the CPU the kernels run as they are launched."""
+        sufficed; when one did not, the steps are redone (see advance) and read again."""
         self.advance(self.substeps if steps is None else int(steps), check_end=False)
-
-    def finish_frame(self):
-        """Wait for the steps launched by launch_frame, make them final and check them (see step_frame)."""
         frame = self.read_frame()
         if self._unchecked:
             if frame["failed_step"] != NO_FAILURE:

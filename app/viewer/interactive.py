@@ -4,14 +4,8 @@
     python -m app.viewer [SCENE] [--size WxH] [--screenshot-dir DIR] ...   the window with viewer-only options
 
 The viewer is a plug-in: it reads the simulation's fields (app.viewer.render) and calls the Simulation's public
-methods (launch_frame / finish_frame, reset, add_bodies, set_gravity, set_material, and the dt /
-solver_iterations attributes); the simulation never imports it.
-
-A frame: events, camera and mouse; the renderer reads the bodies (app.viewer.render.Renderer.update); the frame's
-steps are launched; the frame is drawn (scene, panel, present) while a GPU runs the steps; the steps are finished
-(checked), and the panel's changes applied. The window shows the state before the steps it runs beside, a frame
-behind the simulation, as a pipelined renderer does; on the CPU the kernels run as they are launched and nothing
-overlaps.
+methods (step_frame, reset, add_bodies, set_gravity, set_material, and the dt / solver_iterations attributes);
+the simulation never imports it.
 """
 from __future__ import annotations
 
@@ -30,7 +24,7 @@ from app.files import write_named_atomic, write_text_atomic
 from app.scene.schema import SHAPES, quat_matrices
 from app.viewer.display import (COLOR_MODES, DEFAULT_SIZE, SCREENSHOT_DIR, WINDOW_TITLE, close_window, ensure_taichi,
                                 fmt_bytes, has_display, open_window, parse_size, vulkan_problem)
-from app.viewer.pacing import FramePacer, FrameSteps
+from app.viewer.pacing import FramePacer
 
 SHAPE_NAMES = {v: k for k, v in SHAPES.items()}
 
@@ -130,8 +124,6 @@ class InteractiveViewer:
         self._camera_spec = None   # (position, lookat, up, fov) of the camera this frame
         self.frame_steps = 0
         self.pacer = FramePacer(sim.substeps)   # steps per frame; step and drawing times (moving averages)
-        self.steps = FrameSteps(sim, self.pacer, overlap=False)   # run() sets overlap (steps beside the drawing)
-        self._pending = []      # the panel's changes to the simulation, applied once the frame's steps are done
         self._mem = (0, 0)
         self._mem_time = 0.0
         self._last = time.perf_counter()
@@ -188,28 +180,31 @@ class InteractiveViewer:
                                "orientation": q, "material": mat})
         sim.add_bodies(bodies)
 
-    def launch(self):
-        """Launch this frame's steps without waiting for them: the pacer's while playing (app.viewer.pacing: the
+    def advance(self):
+        """One frame of simulation: the steps the pacer gives this frame while playing (app.viewer.pacing: the
         window keeps its frame rate when the simulation is slow; the panel shows the real-time factor), possibly
-        none; the n key always steps a whole frame. finish() follows after the drawing."""
+        none. The n key always steps a whole frame."""
+        import taichi as ti
+
+        from app.sim import SimulationError
+
         steps = self.sim.substeps
         if self.playing and not self.step_requested:
             steps = self.pacer.steps()
-        self.step_requested = False
         self.frame_steps = steps
-        self.steps.launch(steps)
-
-    def finish(self):
-        """Wait for the launched steps and check them; a simulation that exploded pauses the viewer."""
-        from app.sim import SimulationError
-
+        if steps == 0:
+            return
+        t0 = time.perf_counter()
         try:
-            if self.steps.finish():
-                self.frames += 1
+            self.sim.step_frame(steps)
         except SimulationError as e:
             self.error = str(e)
             self.playing = False
             print(f"error: {e} (paused; press r to reset)", file=sys.stderr)
+            return
+        ti.sync()
+        self.pacer.stepped(steps, (time.perf_counter() - t0) * 1e3)
+        self.frames += 1
 
     def screenshot(self, window) -> str:
         n = len(glob.glob(os.path.join(self.screenshot_dir, "screenshot_*.png")))
@@ -312,26 +307,9 @@ class InteractiveViewer:
                 fixed = bool(self.sim.builder.bodies["fixed"][self.selected])
                 self.sim.set_fixed(self.selected, not fixed)
 
-    def _panel_values(self) -> dict:
-        """What the panel shows of the device's fields, read before the frame's steps are launched (a read while
-        they run would wait for them)."""
-        sim = self.sim
-        values = {"contacts": int(sim.diagnostics.contact_total[None]),
-                  "gravity": [float(x) for x in sim.model.gravity[None]],
-                  "friction": sim.model.material_friction.to_numpy(),
-                  "restitution": sim.model.material_restitution.to_numpy(), "body": None}
-        if self.selected is not None and self.selected < sim.body_count:
-            k = int(sim.internal_of[self.selected])
-            values["body"] = (SHAPE_NAMES[int(sim.model.body_shape[k])],
-                              float(np.linalg.norm(np.asarray(sim.state.body_vel[k]))))
-        return values
-
-    def _panel(self, window, values: dict):
-        """The panel, from _panel_values(); a change to the simulation waits in _pending until the frame's steps
-        are done."""
+    def _panel(self, window):
         gui = window.get_gui()
         sim = self.sim
-        later = self._pending.append
         width = min(0.5, PANEL_WIDTH_PX / self.size[0])
         with gui.sub_window("SmolVLA", 0.01, 0.01, width, 0.85) as g:
             if g.button("pause (space)" if self.playing else "play (space)"):
@@ -340,10 +318,10 @@ class InteractiveViewer:
                 self.playing = False
                 self.step_requested = True
             if g.button("reset (r)"):
-                later(self.reset)
+                self.reset()
             if g.button("screenshot (p)"):
                 self.screenshot_requested = True
-            step_ms = max(self.pacer.step_ms, self.pacer.device_ms)   # (on a GPU: the device's time a step)
+            step_ms = self.pacer.step_ms
             g.text(f"{self.fps:5.1f} fps   {step_ms:6.2f} ms / step")
             steps = self.frame_steps
             realtime = self.pacer.realtime if self.playing else 0.0
@@ -351,10 +329,12 @@ class InteractiveViewer:
                    f"draw {self.pacer.draw_ms:5.1f} ms")
             g.text(f"x{realtime:.2f} real time")
             g.text(f"t = {sim.sim_time:.3f} s   step {sim.step_count}")
-            g.text(f"bodies {sim.body_count}   contacts {values['contacts']}")
-            if values["body"] is not None and self.selected is not None:
+            g.text(f"bodies {sim.body_count}   contacts {int(sim.diagnostics.contact_total[None])}")
+            if self.selected is not None and self.selected < sim.body_count:
                 b = self.selected
-                shape, speed = values["body"]
+                k = int(sim.internal_of[b])
+                shape = SHAPE_NAMES[int(sim.model.body_shape[k])]
+                speed = float(np.linalg.norm(np.asarray(sim.state.body_vel[k])))
                 fixed = bool(sim.builder.bodies["fixed"][b])
                 g.text(f"body {b}: {shape}, {float(sim.builder.bodies['mass'][b]):.3g} kg, {speed:.2f} m/s"
                        + ("  fixed (f frees)" if fixed else "  (f fixes)")
@@ -375,30 +355,30 @@ class InteractiveViewer:
                 self.color_mode = "sleep" if by_sleep else "material"
             elif by_speed != (self.color_mode == "speed"):
                 self.color_mode = "speed" if by_speed else "material"
-            gv = values["gravity"]
-            ngy = g.slider_float("gravity y", gv[1], -20.0, 0.0)
-            if ngy != gv[1]:
-                later(lambda: sim.set_gravity([gv[0], ngy, gv[2]]))
+            gy = float(sim.model.gravity[None][1])
+            ngy = g.slider_float("gravity y", gy, -20.0, 0.0)
+            if ngy != gy:
+                gv = sim.model.gravity[None]
+                sim.set_gravity([float(gv[0]), ngy, float(gv[2])])
             dt = g.slider_float("dt (s)", sim.dt, 0.0002, 0.01)
             iterations = g.slider_int("solver iterations", sim.solver_iterations, 1, 60)
             if dt != sim.dt or iterations != sim.solver_iterations:   # (a change wakes sleeping bodies)
-                def set_step(dt=dt, iterations=iterations):
-                    sim.dt, sim.solver_iterations = dt, iterations
-                    sim.wake()
-                later(set_step)
+                sim.dt, sim.solver_iterations = dt, iterations
+                sim.wake()
             mats = sim.scene.materials
             if len(mats) > 1:
                 self.material_sel = g.slider_int("material", self.material_sel, 0, len(mats) - 1)
             k = min(self.material_sel, len(mats) - 1)
             g.text(f"material: {mats[k]['name']}")
-            fr, re = float(values["friction"][k]), float(values["restitution"][k])
+            fr = float(sim.model.material_friction[k])
+            re = float(sim.model.material_restitution[k])
             nfr = g.slider_float("friction", fr, 0.0, 1.5)
             nre = g.slider_float("restitution", re, 0.0, 1.0)
             if nfr != fr or nre != re:
-                later(lambda: sim.set_material(k, friction=nfr, restitution=nre))
+                sim.set_material(k, friction=nfr, restitution=nre)
             self.drop_count = g.slider_int("N", self.drop_count, 1, 2000)
             if g.button(f"drop {self.drop_count} bodies"):
-                later(lambda n=self.drop_count: self.drop_bodies(n))
+                self.drop_bodies(self.drop_count)
 
     def run(self) -> int:
         import taichi as ti
@@ -406,10 +386,7 @@ class InteractiveViewer:
         from app.viewer.render import (BACKGROUND, Renderer, SimSource, apply_camera, camera_spec, image_rgb8,
                                         view_of)
 
-        from app.runtime import on_gpu
-
         sim = self.sim
-        self.steps.overlap = on_gpu()
         window = open_window(f"{WINDOW_TITLE} - {sim.scene.name}", self.size, show_window=True)
         try:
             renderer = Renderer(SimSource(sim), aspect=self.size[0] / self.size[1], color_mode=self.color_mode,
@@ -432,7 +409,10 @@ class InteractiveViewer:
                                      spec["fov"])
                 self._mouse(window, min(0.5, PANEL_WIDTH_PX / self.size[0]))
                 t_sim = sim.sim_time
-                # the bodies as they are now, for drawing and for the panel, before this frame's steps change them
+                if self.playing or self.step_requested:
+                    if self.error is None:
+                        self.advance()
+                    self.step_requested = False
                 t_draw = time.perf_counter()
                 renderer.set_color_mode(self.color_mode)
                 renderer.show_contacts = self.show_contacts
@@ -444,33 +424,19 @@ class InteractiveViewer:
                     st = sim.contacts.stats()
                     self._mem = (st.get("live_bytes", 0), st.get("reserved_bytes", 0))
                     self._mem_time = now
-                panel = self._panel_values() if self.show_panel else None
-                t_launch = time.perf_counter()
-                # (a screenshot's frame runs no steps: its image and its .json show the same state)
-                if (self.playing or self.step_requested) and self.error is None and not self.screenshot_requested:
-                    self.launch()
-                else:
-                    self.frame_steps = 0
-                t_hidden = time.perf_counter()
                 canvas.set_background_color(BACKGROUND)
                 renderer.draw(scene, camera)
                 canvas.scene(scene)
-                if panel is not None:
-                    self._panel(window, panel)
-                if self.screenshot_requested and self.steps.launched is None:
+                if self.show_panel:
+                    self._panel(window)
+                if self.screenshot_requested:
                     self.screenshot(window)
                     self.screenshot_requested = False
                 if self.recorder is not None:   # (whole 16-pixel blocks: H.264's macroblocks)
                     img = image_rgb8(window)
                     self.recorder.append(img[:img.shape[0] // 16 * 16, :img.shape[1] // 16 * 16])
                 window.show()
-                t_shown = time.perf_counter()
-                self.finish()
-                for change in self._pending:
-                    change()
-                self._pending = []
-                hidden = (t_shown - t_hidden) if self.steps.overlap and self.frame_steps else 0.0
-                self.pacer.drew((t_launch - t_draw + t_shown - t_hidden) * 1e3, hidden * 1e3)
+                self.pacer.drew((time.perf_counter() - t_draw) * 1e3)
                 dt = now - self._last
                 self._last = now
                 if self.playing:
