@@ -595,3 +595,21 @@ def test_hulls_are_drawn_live_and_in_replay(ti_cpu, tmp_path):
     assert t.shape[0] == convex.sum()
     np.testing.assert_allclose(np.sort(np.linalg.norm(t[:, :3, :3], axis=1).ravel()),
                                np.sort(np.asarray(shapes["half_extents"])[convex].ravel()), rtol=1e-5)
+
+
+@needs_vulkan
+def test_bench_viewer_times_each_loop_over_the_same_frames(ti_cpu, tmp_path):
+    # bench viewer's loops take turns a frame each: every loop gets every frame, the paced loop never runs more
+    # than the scene's substeps, and the split of a render frame names its four parts
+    from bench.viewer_bench import main
+
+    assert main(["--scene", TINY, "--arch", "cpu", "--frames", "3", "--warmup", "1", "--size", f"{W}x{H}",
+                 "--out", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "viewer.json").read_text())
+    rows = {r["loop"]: r for r in got["rows"]}
+    assert list(rows) == ["sim", "render", "sim+render", "paced"]
+    assert all(r["fps"] > 0 and 0 < r["ms_median"] <= r["ms_max"] for r in rows.values())
+    assert 0 <= rows["paced"]["steps_per_frame"] <= got["substeps"]
+    assert got["sim_render_over_sim"] == pytest.approx(rows["sim+render"]["ms_median"] / rows["sim"]["ms_median"],
+                                                       abs=1e-3)
+    assert [p["part"] for p in got["render_split"]] == ["update", "declare", "capture", "empty frame"]
