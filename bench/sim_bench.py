@@ -138,8 +138,9 @@ def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_i
                       "warmup": warmup, "arch": arch, "resort_interval": resort_interval})
     from app.errors import PARENT_PID_ENV
 
-    # (the run ends with this process: a benchmark stopped by `timeout` leaves no run holding the device)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", job], capture_output=True,
+    # (the run ends with this process: a benchmark stopped by `timeout` leaves no run holding the device; as a
+    # module from ROOT, it imports this checkout's app, not another one installed with `pip install -e`)
+    proc = subprocess.run([sys.executable, "-m", "bench.sim_bench", "--one", job], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
