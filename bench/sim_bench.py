@@ -291,6 +291,5 @@ def _write_results(out_dir, arch, small, steps, repeats, rows) -> str:
     return md
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
+if __name__ == "__main__":   # (`python -m bench.sim_bench` from the repository root)
     sys.exit(main())
