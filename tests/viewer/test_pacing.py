@@ -1,7 +1,7 @@
 """app.viewer.pacing.FramePacer: steps per frame from step and draw times (pure Python, no window)."""
 import pytest
 
-from app.viewer.pacing import MAX_IDLE_FRAMES, MIN_SIM_SHARE, TARGET_FRAME_MS, FramePacer
+from app.viewer.pacing import LEAST_FRAME_MS, MAX_IDLE_FRAMES, MIN_SIM_SHARE, TARGET_FRAME_MS, FramePacer
 
 
 def _run(pacer, step_ms, draw_ms, frames):
@@ -9,12 +9,16 @@ def _run(pacer, step_ms, draw_ms, frames):
     return [pacer.steps() for _ in range(frames)]
 
 
-@pytest.mark.parametrize("step_ms,draw_ms", [(11.0, 5.0), (2.4, 10.0), (30.0, 300.0), (0.5, 1.0), (200.0, 2.0)])
-def test_steps_follow_the_budget(step_ms, draw_ms):
+@pytest.mark.parametrize("step_ms,draw_ms,budget", [
+    (11.0, 5.0, TARGET_FRAME_MS - 5.0),                 # drawing leaves most of the frame
+    (2.4, 15.0, MIN_SIM_SHARE * TARGET_FRAME_MS),       # the least share of a 60 frames/s frame
+    (15.0, 27.4, LEAST_FRAME_MS - 27.4),                # held to 30 frames/s (a 1M-body pile on a GPU)
+    (30.0, 300.0, MIN_SIM_SHARE * 300.0),               # 30 frames/s out of reach: a share of the drawing
+    (0.5, 1.0, TARGET_FRAME_MS - 1.0), (200.0, 2.0, TARGET_FRAME_MS - 2.0)])
+def test_steps_follow_the_budget(step_ms, draw_ms, budget):
     substeps = 8
     steps = _run(FramePacer(substeps), step_ms, draw_ms, 600)
     assert all(0 <= n <= substeps for n in steps)
-    budget = max(TARGET_FRAME_MS - draw_ms, MIN_SIM_SHARE * max(draw_ms, TARGET_FRAME_MS))
     expected = max(min(budget / step_ms, substeps), 1.0 / MAX_IDLE_FRAMES)
     assert abs(sum(steps) / len(steps) - expected) <= 0.02 * expected + 2.0 / len(steps)
     # never more than MAX_IDLE_FRAMES - 1 frames in a row without a step
@@ -23,6 +27,20 @@ def test_steps_follow_the_budget(step_ms, draw_ms):
         run = run + 1 if n == 0 else 0
         longest = max(longest, run)
     assert longest < MAX_IDLE_FRAMES
+
+
+@pytest.mark.parametrize("draw_ms", [2.0, 12.0, 17.0, 22.0, 27.4, 30.0])
+@pytest.mark.parametrize("step_ms", [0.3, 1.4, 6.0, 15.0, 40.0, 90.0])
+def test_the_simulation_never_pulls_the_frame_rate_below_30_where_drawing_allows_it(step_ms, draw_ms):
+    steps = _run(FramePacer(8), step_ms, draw_ms, 1200)
+    frame_ms = draw_ms + step_ms * sum(steps) / len(steps)
+    least_steps = 1.0 / MAX_IDLE_FRAMES   # however slow the step, one every MAX_IDLE_FRAMES frames
+    if draw_ms + step_ms * least_steps <= LEAST_FRAME_MS:
+        assert frame_ms <= LEAST_FRAME_MS * 1.01 < 1000.0 / 30
+    # and the simulation keeps what it can have within that: its least share, or up to 30 frames/s
+    sim_ms = step_ms * sum(steps) / len(steps)
+    assert sim_ms >= 0.97 * min(MIN_SIM_SHARE * TARGET_FRAME_MS, LEAST_FRAME_MS - draw_ms, 8 * step_ms) or \
+        sum(steps) / len(steps) >= 0.97 * least_steps
 
 
 def test_a_fast_scene_runs_every_substep_and_the_first_frame_one_step():
