@@ -117,7 +117,7 @@ def validate(data: dict, path="<dict>") -> Scene:
             sim[k] = _str(ctx, key, v, CONTACT_STORAGES)
         elif k == "arch":
             sim[k] = _str(ctx, key, v, ARCHS)
-        elif k in ("slop", "contact_margin"):
+        elif k in ("slop", "contact_margin", "torsional_friction"):
             sim[k] = None if v is None else float(_num(ctx, key, v, nonneg=True))
         elif k in ("position_correction", "warm_start"):
             sim[k] = float(_num(ctx, key, v, nonneg=True, high=1.0))

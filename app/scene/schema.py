@@ -40,6 +40,7 @@ SIM_DEFAULTS = {
     "restitution_threshold": 0.5,   # m/s: slower approaches do not bounce (resting contacts stay quiet)
     "slop": None,                   # m: penetration left uncorrected; default min(5e-4, 0.5% of smallest size)
     "contact_margin": None,         # m: speculative gap; default min(2e-3, 5% of smallest size)
+    "torsional_friction": None,     # m: contact patch radius resisting spin about the normal; default min(1e-3, 2% of smallest size)
     "position_correction": 0.2,     # split-impulse fraction of (depth - slop) removed per step
     "warm_start": 1.0,              # fraction of last step's impulses applied first (1: full; less loses support in tall stacks)
     "padded_capacity": 32,          # contacts per body for `contacts: padded` (and the dynamic max)
@@ -185,8 +186,9 @@ class Scene:
         return int(self.bodies["shape"].shape[0])
 
     def resolved_sim(self) -> dict:
-        """sim with derived defaults filled: slop and contact_margin scale with the smallest body so
-        that tiny bodies are not allowed to sink a large fraction of their size."""
+        """sim with derived defaults filled: slop, contact_margin and torsional_friction scale with the smallest
+        body, so that tiny bodies are not allowed to sink a large fraction of their size (nor stop spinning at
+        once)."""
         s = dict(self.sim)
         sizes = body_bounding_radius(self.bodies)
         smallest = float(np.min(smallest_extent(self.bodies, self.hulls))) if sizes.size else 0.1
@@ -194,6 +196,8 @@ class Scene:
             s["slop"] = min(5e-4, 0.005 * smallest)
         if s["contact_margin"] is None:
             s["contact_margin"] = min(2e-3, 0.05 * smallest)
+        if s["torsional_friction"] is None:
+            s["torsional_friction"] = min(1e-3, 0.02 * smallest)
         return s
 
 

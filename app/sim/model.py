@@ -126,7 +126,8 @@ class Model:
         plane_clip_normal / plane_clip_offset (contacts only where dot(clip_n, p) <= clip_offset: container
         walls end at the top), plane_thickness m (deeper penetration is ignored: the wall's back side).
     Runtime parameters, 0-d fields: body_count, material_count, plane_count, gravity m/s^2,
-        restitution_threshold m/s, slop m, contact_margin m, position_correction (split-impulse beta),
+        restitution_threshold m/s, slop m, contact_margin m, torsional_friction m (app.sim.solver.kernel_prepare),
+        position_correction (split-impulse beta),
         warm_start (fraction), max_speed m/s, penetration_limit (fraction of a half-size: app.sim.diagnostics),
         grid_cell_size m, grid_large_radius m (bodies of a larger
         bounding radius are large: app.sim.broadphase finds their pairs apart from the grid), static_count.
@@ -176,6 +177,7 @@ class Model:
         self.restitution_threshold = ti.field(ti.f32, ())
         self.slop = ti.field(ti.f32, ())
         self.contact_margin = ti.field(ti.f32, ())
+        self.torsional_friction = ti.field(ti.f32, ())
         self.position_correction = ti.field(ti.f32, ())
         self.warm_start = ti.field(ti.f32, ())
         self.max_speed = ti.field(ti.f32, ())
@@ -195,8 +197,8 @@ def hull_capacity_for(hull_count: int) -> int:
 
 
 # Runtime parameters: the sim keys a Model holds in 0-d fields of the same name.
-PARAM_KEYS = ("gravity", "restitution_threshold", "slop", "contact_margin", "position_correction", "warm_start",
-              "max_speed", "penetration_limit", "sleep_speed", "sleep_time")
+PARAM_KEYS = ("gravity", "restitution_threshold", "slop", "contact_margin", "torsional_friction", "position_correction",
+              "warm_start", "max_speed", "penetration_limit", "sleep_speed", "sleep_time")
 
 
 class ModelBuilder:

@@ -122,21 +122,55 @@ def angular_scale(inv_inertia_d):
     return fixed_scale(ti.max(inv_inertia_d[0], ti.max(inv_inertia_d[1], inv_inertia_d[2])))
 
 
+@ti.func
+def torsional_impulse(model: ti.template(), state: ti.template(), lists: ti.template(), base, i, spin_i, friction_i,
+                      rec, normal, patch):
+    """Torsional friction of contact rec of body i (its normal `normal` pushes i): the angular impulse (N m s,
+    about the normal) that resists the pair's relative spin about the normal, once per step, before the iterations:
+    at most mu * patch * the contact's warm-start normal impulse (a contact patch of radius `patch`, m, under
+    Coulomb friction mu = sqrt(mu_i mu_j); MuJoCo's torsional friction, condim 4), and at most what stops the
+    relative spin. For pairs that touch at one point (a sphere, a capsule's end, an edge on an edge): the friction
+    at a manifold's several points already resists the spin, as a patch does. Without it nothing stops a sphere
+    spinning about the normal of its one contact, and a settled pile with a spinning ball in it never sleeps.
+
+    Mass splitting as the iterations: each body counts as split among all its records (spin_i: i's record count
+    times the largest diagonal element of its body-frame inverse inertia, an upper bound of n . I^-1 n in any
+    orientation), so that a body's contacts together never reverse its spin. Both copies of a pair contact compute
+    the same impulse from the same inputs, in the same order up to the commutative sum spin_i + spin_j, and apply
+    it with opposite normals. The other body's spin is the start of the step's (a kinematic body's own; a fixed
+    body or a plane does not turn)."""
+    j = rec.other
+    wj = vec3(0.0)
+    spin_j = 0.0
+    friction_j = 0.0
+    if j >= 0:
+        wj = state.body_omega[j]
+        if model.body_inv_mass[j] > 0.0:
+            spin_j = ti.cast(lists.length(base + j), ti.f32) * model.body_inv_inertia[j].max()
+        friction_j = model.material_friction[model.body_material[j]]
+    else:
+        friction_j = model.material_friction[model.plane_material[-1 - j]]
+    limit = ti.sqrt(friction_i * friction_j) * patch * rec.impulse_n
+    spin = (state.body_omega[i] - wj).dot(normal)
+    return ti.math.clamp(-spin / (spin_i + spin_j), -limit, limit)
+
+
 @ti.kernel
 def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.template(), base: ti.i32,
                    solver: ti.template(), contacts: ti.template(), diagnostics: ti.template(), dt: ti.f32):
-    """Per body (a sleeping one stays still and counts as fixed: app.sim.state.asleep): apply gravity and the
-    warm-start impulses
-    its contacts already carry (the narrowphase set them, and each speculative target, from last step's lists:
-    app.sim.narrowphase) into solver buffers 0 and 1, and count contacts; then the impact pass (impact_pass). The
-    lists stay in the order the narrowphase appended them (any order gives the same motion: see FIXED_ONE).
+    """Per body (a sleeping one stays still and counts as fixed: app.sim.state.asleep): apply gravity, the
+    warm-start impulses its contacts already carry (the narrowphase set them, and each speculative target, from
+    last step's lists: app.sim.narrowphase) and their torsional friction (torsional_impulse) into solver buffers 0
+    and 1, and count contacts; then the impact pass (impact_pass). The lists stay in the order the narrowphase
+    appended them (any order gives the same motion: see FIXED_ONE).
 
-    Reads state (poses and velocities at the start of the step), model, lists[base + i]. Thread i takes body i
-    (see JacobiSolver.step).
+    Reads state (poses and velocities at the start of the step), model, lists[base + i] (and the lengths of the
+    other bodies' lists). Thread i takes body i (see JacobiSolver.step).
     Writes solver.motion[0, i] and [1, i], solver.body[i], diagnostics.contact_total (each pair counted once), and for the
     padded and dynamic storages moves the fill's dropped appends into lists.overflow_count. Nothing while
     contacts.skipping() (see app.sim.contacts.ContactSet.failed_step)."""
     g = model.gravity[None]
+    torsional = model.torsional_friction[None]
     run = not contacts.skipping()
     n_bodies = ti.select(run, model.body_count[None], 0)
     if run:
@@ -145,7 +179,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
             lists.overflow_count[None] += lists.dropped_now[None]
             lists.dropped_now[None] = 0
     for i in range(n_bodies):
-        # (one loop: a thread reads only its own body here; the iterations read the other bodies' records)
+        # (one loop: a thread writes only its own body's records here, and reads only the state of the others)
         li = base + i
         n = lists.length(li)
         R = quat_to_mat(state.body_quat[i])
@@ -176,17 +210,21 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         check = 0.0
         counted = 0
         pairs = 0   # touching pairs: mass splitting makes one sub-body of each (solve_iteration)
+        spin_i = ti.cast(n, ti.f32) * model.body_inv_inertia[i].max()   # (torsional friction, below)
         for k in range(n):
             rec = lists.get(li, k)
             if first_copy(rec):
                 counted += 1
-            rank, _count = pair_place(rec.feature)
+            rank, count = pair_place(rec.feature)
             if rank == 0:
                 pairs += 1
             normal = record_normal(rec)
             t1, t2 = contact_tangents(normal)
             P = rec.impulse_n * normal + tangent_vector(rec.impulse_t, t1, t2)
             L = (rec.point - xi).cross(P)
+            if torsional > 0.0 and inv_m > 0.0 and count == 1:
+                L += torsional_impulse(model, state, lists, base, i, spin_i, bi.friction, rec, normal,
+                                       torsional) * normal
             P_sum += fixed(P, scale)
             L_sum += fixed(L, scale_w)
             check += P.sum() + L.sum()
