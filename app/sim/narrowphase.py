@@ -622,13 +622,66 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
     """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
     plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
     i, jj = _ordered_pair(model, grid, t, j)
-    # speculative contacts out to how far the two bodies can close in the step, at least the margin
-    # (app.sim.broadphase: body_reach)
-    reach = grid.body_reach[i]
-    if jj >= 0:
-        reach += grid.body_reach[jj]
-    m = _pair_manifold(model, state, i, jj, ti.max(margin, reach), cls)
-    _emit_contacts(model, state, lists, base, prev_base, dt, diagnostics, contacts, i, jj, m)
+    copied = False
+    if ti.static(not hasattr(lists, "dropped_now")):   # (a VLA: the other copy cannot have been dropped)
+        if model.warm_start[None] == 1.0 and _still(model, state, i, dt) and _still(model, state, jj, dt):
+            copied = _copy_still_pair(lists, base, prev_base, i, jj)
+    if not copied:
+        # speculative contacts out to how far the two bodies can close in the step, at least the margin
+        # (app.sim.broadphase: body_reach)
+        reach = grid.body_reach[i]
+        if jj >= 0:
+            reach += grid.body_reach[jj]
+        m = _pair_manifold(model, state, i, jj, ti.max(margin, reach), cls)
+        _emit_contacts(model, state, lists, base, prev_base, dt, diagnostics, contacts, i, jj, m)
+
+
+@ti.func
+def _still(model: ti.template(), state: ti.template(), b, dt):
+    """Body b (or plane -1 - b) is where it was at last step's narrowphase: a plane, a fixed body, or a body that
+    slept through the whole of the last step (app.sim.integrator leaves a sleeper where it is and adds dt to its
+    sleep clock, which reached sleep_time at the end of the step the body last moved in)."""
+    out = True
+    if b >= 0:
+        if model.body_inv_mass[b] > 0.0:
+            out = asleep_by_time(model, state, b) and \
+                state.body_slow_time[b] >= model.sleep_time[None] + 0.5 * dt
+        else:
+            out = model.body_kinematic[b] == 0
+    return out
+
+
+@ti.func
+def _copy_still_pair(lists: ti.template(), base, prev_base, i, j):
+    """Append last step's records of pair (i, j) (j < 0: a plane) to both lists, as they are, and return True; False
+    (nothing appended) if last step had none. For pairs whose bodies have not moved since (_still): their contacts
+    are the ones computed then, to the bit, and so are the warm-start impulses the narrowphase would set (at
+    warm_start 1: a sleeper's impulses are not solved, so both copies still hold what they were given). A settled
+    pile then costs no contact geometry. Each copy is one run of consecutive records (the pair's points,
+    _emit_contacts), in its own order."""
+    lp = prev_base + i
+    first = -1
+    count = 0
+    for q in range(lists.length(lp)):
+        if lists.get_member(lp, q, "other") == j:
+            first = ti.select(first < 0, q, first)
+            count += 1
+    lpj = prev_base + j
+    first_j = -1
+    if j >= 0 and count > 0:
+        for q in range(lists.length(lpj)):
+            if first_j < 0 and lists.get_member(lpj, q, "other") == i:
+                first_j = q
+    copied = count > 0 and (j < 0 or first_j >= 0)
+    if copied:
+        at = lists.append_n(base + i, count)
+        for q in range(count):
+            lists.put(base + i, at + q, lists.get(lp, first + q))
+        if j >= 0:
+            at_j = lists.append_n(base + j, count)
+            for q in range(count):
+                lists.put(base + j, at_j + q, lists.get(lpj, first_j + q))
+    return copied
 
 
 @ti.func
