@@ -129,9 +129,10 @@ def torsional_impulse(model: ti.template(), state: ti.template(), lists: ti.temp
     about the normal) that resists the pair's relative spin about the normal, once per step, before the iterations:
     at most mu * patch * the contact's warm-start normal impulse (a contact patch of radius `patch`, m, under
     Coulomb friction mu = sqrt(mu_i mu_j); MuJoCo's torsional friction, condim 4), and at most what stops the
-    relative spin. For pairs that touch at one point (a sphere, a capsule's end, an edge on an edge): the friction
-    at a manifold's several points already resists the spin, as a patch does. Without it nothing stops a sphere
-    spinning about the normal of its one contact, and a settled pile with a spinning ball in it never sleeps.
+    relative spin. Only for pairs that touch at one point (a sphere, a capsule's end, an edge on an edge): at a
+    manifold's several points their friction already resists the spin, as a patch does. Without it nothing stops a
+    sphere spinning about the normal of its one contact, and a settled pile with a spinning ball in it never
+    sleeps.
 
     Mass splitting as the iterations: each body counts as split among all its records (spin_i: i's record count
     times the largest diagonal element of its body-frame inverse inertia, an upper bound of n . I^-1 n in any
