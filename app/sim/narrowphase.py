@@ -624,8 +624,10 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
     i, jj = _ordered_pair(model, grid, t, j)
     copied = False
     if ti.static(not hasattr(lists, "dropped_now")):   # (a VLA: the other copy cannot have been dropped)
-        if model.warm_start[None] == 1.0 and _still(model, state, i, dt) and _still(model, state, jj, dt):
-            copied = _copy_still_pair(lists, base, prev_base, i, jj)
+        # (nested ifs: Taichi evaluates both sides of `and`, and a scene without sleeping skips the bodies' loads)
+        if model.sleep_speed[None] > 0.0 and model.warm_start[None] == 1.0:
+            if _still(model, state, i, dt) and _still(model, state, jj, dt):
+                copied = _copy_still_pair(lists, base, prev_base, i, jj)
     if not copied:
         # speculative contacts out to how far the two bodies can close in the step, at least the margin
         # (app.sim.broadphase: body_reach)
