@@ -24,11 +24,22 @@ def terminate_as_exception():
     signal handlers), each also remembered for raise_if_signalled; unless a handler of the program's own is
     installed already."""
     import signal
+    import sys
 
     def handler(signum, frame):
         _SIGNALLED.append(signum)
         raise Terminated() if signum == getattr(signal, "SIGTERM", None) else KeyboardInterrupt()
 
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info):
+        # the handler's raise landed in a __del__ (Taichi freeing an ndarray): Python would print it with a
+        # traceback and go on; it is remembered in _SIGNALLED and raised again between pieces of work, so say nothing
+        if isinstance(info.exc_value, KeyboardInterrupt) and _SIGNALLED:
+            return
+        previous_hook(info)
+
+    sys.unraisablehook = unraisable
     for name, default in (("SIGTERM", signal.SIG_DFL), ("SIGINT", signal.default_int_handler)):
         sig = getattr(signal, name, None)
         if sig is None or signal.getsignal(sig) not in (default, signal.SIG_DFL, None):
