@@ -35,12 +35,26 @@ vec3 = ti.types.vector(3, ti.f32)
 ivec2 = ti.types.vector(2, ti.i64)
 ivec3 = ti.types.vector(3, ti.i64)
 
-# Passes from the ground up (a stack deeper than this gets no correction above that level) and from the top down.
-COARSE_PASSES = 6
+# Passes from the ground up and from the top down run PASS_CHUNK to a launch (unrolled at compile time; even, so that
+# every launch starts on ping-pong buffer 0), as many launches as the deepest support chain needs: a pass carries the
+# ground one body up, and the flow one body down (a stack deeper than the passes gets no correction above that level:
+# a 40-level pyramid, cut at 6 passes, sagged 2 mm a level, at the slop with 40). LoadPaths.passes follows the depth
+# of the stacks (LoadPaths.apply, read_depth), up to MAX_PASSES.
+PASS_CHUNK = 8
+# A body more than SHALLOW bodies above the ground takes DEEP_STEP of its coarse impulse D_i = G_i / K_i. K_i counts
+# the body's own mass only, but a path's flow also turns the bodies it passes through, where it enters one side of a
+# body and leaves through supports under the other (a box on two boxes of a pyramid): the deeper the path, the more
+# K_i falls short, and the full step overshoots. At the full step a 40-level pyramid swung every other step between
+# free fall and its load; at half it stands (its top box 1.6 mm down, all asleep by step 500). A stack of three
+# boxes takes the full step: the heavy top box on light ones settles faster.
+SHALLOW = 4
+DEEP_STEP = 0.5
+MAX_PASSES = 256
 # A support contact: its normal (pushing the upper body) within 18 degrees of up (at 45 degrees, tumbler and
 # convex_pile had deep overlaps: the paths through tilted contacts do not cancel on the bodies in between).
 SUPPORT_COS = 0.95
 FIXED_ONE = 2.0 ** 32
+LOWER = (PASS_CHUNK - 1) % 2   # the ground buffer the last pass up writes (passes are a multiple of PASS_CHUNK)
 
 
 @ti.func
@@ -62,12 +76,16 @@ class LoadPaths:
         self.T = ti.Vector.field(2, ti.f32, shape=(2, n))   # flow through the body (N s), top down
         self.D = ti.Vector.field(2, ti.f32, shape=n)        # the body's own coarse impulse
         self.s = ti.field(ti.i32, shape=n)                  # its support points
+        self.level = ti.field(ti.i32, shape=n)              # the pass up that found it supported
         # where its supports take the flow: point k's share is max(1/s + (q_k - pbar) . mu, 0) / wsum, q_k the
         # point across the up axis relative to the body's centre (m); mu, wsum per top-down pass (ping-pong)
         self.pbar = ti.Vector.field(2, ti.f32, shape=n)     # support points' mean q (m)
         self.cinv = ti.Vector.field(3, ti.f32, shape=n)     # inverse of their covariance (xx, xz, zz; 1/m^2)
         self.mu = ti.Vector.field(2, ti.f32, shape=(2, n))  # 1/m
         self.wsum = ti.field(ti.f32, shape=(2, n))
+        self.reached = ti.field(ti.i32, shape=())          # the last pass up in which a body became supported
+        self.passes = PASS_CHUNK                            # passes up and down (a multiple of PASS_CHUNK)
+        self.deepening = True                               # (see apply)
 
     @ti.func
     def _support_lower(self, solver: ti.template(), j, src):
@@ -83,26 +101,58 @@ class LoadPaths:
                 Gj = self.G[src, j]
         return ok, Gj
 
+    def apply(self, model, lists, base: int, solver, dt: float, failed_step):
+        """The correction, motion[0] -> motion[1]: passes up, as many passes down (PASS_CHUNK a launch). Their
+        number is self.passes, read back from the steps (read_depth); while it is not known to cover the stacks
+        (`deepening`: a new scene, or a stack that grew past it), the passes up go on, a host read after each launch,
+        until a launch supports no new body: a correction cut short of a stack's top let a 100-level pyramid
+        collapse in its first steps."""
+        passes = 0
+        while passes < MAX_PASSES:
+            self.kernel_up(model, lists, base, solver, dt, failed_step, passes, passes == 0)
+            passes += PASS_CHUNK
+            if passes >= self.passes and (not self.deepening or int(self.reached[None]) < passes):
+                break
+        self.passes = passes
+        self.deepening = False
+        for p0 in range(0, passes, PASS_CHUNK):
+            self.kernel_down(model, lists, base, solver, failed_step, p0 == 0)
+        self.kernel_apply(model, lists, base, solver, failed_step)
+
+    def read_depth(self):
+        """After a checked step (its one host read): the passes for the next steps, from the pass in which the last
+        body became supported (the longest support chain): that plus one, rounded up to PASS_CHUNK; or, if bodies
+        became supported in the last pass (a stack grew past the passes), deepening at the next step."""
+        reached = int(self.reached[None])
+        if reached >= self.passes:
+            self.deepening = True
+        else:
+            self.passes = max(PASS_CHUNK, -(-(reached + 1) // PASS_CHUNK) * PASS_CHUNK)
+        return reached
+
+    @ti.func
+    def _bodies(self, model: ti.template(), failed_step: ti.template()):
+        return _bodies(model, failed_step)
+
     @ti.kernel
-    def kernel_apply(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
-                     dt: ti.f32, failed_step: ti.template()):
-        g = model.gravity[None]
-        glen = g.norm()
+    def kernel_up(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(), dt: ti.f32,
+                  failed_step: ti.template(), p0: ti.i32, first: ti.template()):
+        """PASS_CHUNK passes from the ground up, passes p0 .. p0 + PASS_CHUNK - 1: which bodies are supported, and
+        each one's path residual; self.reached: the last pass in which a body became supported."""
         # without gravity there is no up and no load: the bodies' motion passes through unchanged (the iterations
         # start from motion[1] whatever happens here)
-        active = glen > 0.0
-        n_all = ti.select(skipping(failed_step), 0, model.body_count[None])
-        n_bodies = ti.select(active, n_all, 0)
-        up = -g / ti.max(glen, 1e-30)
+        n_bodies, _n_all, up = self._bodies(model, failed_step)
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
-        for i in range(n_bodies):
-            self.ground[0, i] = 0
-            self.G[0, i] = vec2(0.0)
-            self.D[i] = vec2(0.0)
-            self.s[i] = 0
-        # from the ground up: which bodies are supported, and each one's path residual
-        for p in ti.static(range(COARSE_PASSES)):
+        if ti.static(first):
+            self.reached[None] = 0
+            for i in range(n_bodies):
+                self.ground[0, i] = 0
+                self.G[0, i] = vec2(0.0)
+                self.D[i] = vec2(0.0)
+                self.s[i] = 0
+                self.level[i] = 0
+        for p in ti.static(range(PASS_CHUNK)):
             src = p % 2
             dst = 1 - src
             for i in range(n_bodies):
@@ -127,7 +177,8 @@ class LoadPaths:
                                 pvj = vec3(0.0)
                                 if j >= 0:
                                     mj = unpack_motion(solver.motion[0, j])
-                                    rj = rec.point - unpack_body(solver.body[j]).pos
+                                    bj = unpack_body(solver.body[j])
+                                    rj = rec.point - bj.pos
                                     vj = mj.v + mj.w.cross(rj)
                                     pvj = mj.pv + mj.pw.cross(rj)
                                 vn = (mi.v + mi.w.cross(ri) - vj).dot(nrm)
@@ -144,6 +195,9 @@ class LoadPaths:
                                 asum += ti.cast(ri.cross(nrm) * (FIXED_ONE / rad), ti.i64)
                                 s += 1
                 self.ground[dst, i] = ti.select(s > 0, 1, 0)
+                if s > 0 and self.ground[src, i] == 0:
+                    ti.atomic_max(self.reached[None], p0 + p + 1)
+                    self.level[i] = p0 + p + 1
                 Gi = vec2(0.0)
                 Di = vec2(0.0)
                 if s > 0:
@@ -153,43 +207,51 @@ class LoadPaths:
                     abar = ti.cast(asum, ti.f32) * (rad / FIXED_ONE) * inv_s
                     K = bi.inv_mass * nbar.dot(nbar) + abar.dot(_sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, abar))
                     if K > 0.0:
-                        Di = Gi / K
+                        Di = ti.select(self.level[i] > SHALLOW, DEEP_STEP, 1.0) * Gi / K
                 self.G[dst, i] = Gi
                 self.D[i] = Di
                 self.s[i] = s
-        lower = (COARSE_PASSES - 1) % 2   # the ground flags the last pass read: a contact supports with these
+
+    @ti.kernel
+    def kernel_down(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
+                    failed_step: ti.template(), first: ti.template()):
+        """PASS_CHUNK passes from the top down (the first launch, `first`, also finds each body's support points'
+        spread): the flow each body passes to its supports, and where."""
+        n_bodies, _n_all, up = self._bodies(model, failed_step)
+        lower = LOWER   # the ground flags the last pass up read: a contact supports with these
         t1, t2 = contact_tangents(up)
         # the support points' spread across the up axis (fixed-point sums: the list order changes no bit)
-        for i in range(n_bodies):
-            bi = unpack_body(solver.body[i])
-            self.pbar[i] = vec2(0.0)
-            self.cinv[i] = vec3(0.0)
-            if bi.inv_mass > 0.0 and self.s[i] > 1:
-                rad = ti.max(model.body_radius[i], 1e-6)
-                q1 = ivec2(0)
-                q2 = ivec3(0)
-                li = base + i
-                for k in range(lists.length(li)):
-                    rec = lists.get(li, k)
-                    if self._is_support(solver, rec, up, lower):
-                        q = _across(rec.point - bi.pos, t1, t2) / rad
-                        q1 += ti.cast(q * FIXED_ONE, ti.i64)
-                        q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
-                inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
-                m = ti.cast(q1, ti.f32) / FIXED_ONE * inv_s
-                c = ti.cast(q2, ti.f32) / FIXED_ONE * inv_s - vec3(m[0] * m[0], m[0] * m[1], m[1] * m[1])
-                c += vec3(1e-4, 0.0, 1e-4)   # (two points on a line, or one: the shares stay defined)
-                det = c[0] * c[2] - c[1] * c[1]
-                self.pbar[i] = m * rad
-                self.cinv[i] = vec3(c[2], -c[1], c[0]) / (det * rad * rad)
-        for i in range(n_bodies):
-            self.T[0, i] = self.D[i]
-            self.mu[0, i] = vec2(0.0)
-            self.wsum[0, i] = 1.0
-        # from the top down: the flow each body passes to its supports, and where: the supports' shares put the
-        # resultant of its flow under the loads' resultant (its own share at its centre, the loads from above where
-        # they press), so that the correction turns no body (equal shares turned an off-centre light box)
-        for p in ti.static(range(COARSE_PASSES)):
+        if ti.static(first):
+            for i in range(n_bodies):
+                bi = unpack_body(solver.body[i])
+                self.pbar[i] = vec2(0.0)
+                self.cinv[i] = vec3(0.0)
+                if bi.inv_mass > 0.0 and self.s[i] > 1:
+                    rad = ti.max(model.body_radius[i], 1e-6)
+                    q1 = ivec2(0)
+                    q2 = ivec3(0)
+                    li = base + i
+                    for k in range(lists.length(li)):
+                        rec = lists.get(li, k)
+                        if self._is_support(solver, rec, up, lower):
+                            q = _across(rec.point - bi.pos, t1, t2) / rad
+                            q1 += ti.cast(q * FIXED_ONE, ti.i64)
+                            q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
+                    inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
+                    m = ti.cast(q1, ti.f32) / FIXED_ONE * inv_s
+                    c = ti.cast(q2, ti.f32) / FIXED_ONE * inv_s - vec3(m[0] * m[0], m[0] * m[1], m[1] * m[1])
+                    c += vec3(1e-4, 0.0, 1e-4)   # (two points on a line, or one: the shares stay defined)
+                    det = c[0] * c[2] - c[1] * c[1]
+                    self.pbar[i] = m * rad
+                    self.cinv[i] = vec3(c[2], -c[1], c[0]) / (det * rad * rad)
+            for i in range(n_bodies):
+                self.T[0, i] = self.D[i]
+                self.mu[0, i] = vec2(0.0)
+                self.wsum[0, i] = 1.0
+        # the supports' shares put the resultant of a body's flow under the loads' resultant (its own share at its
+        # centre, the loads from above where they press), so that the correction turns no body (equal shares turned
+        # an off-centre light box)
+        for p in ti.static(range(PASS_CHUNK)):
             src = p % 2
             dst = 1 - src
             for i in range(n_bodies):
@@ -232,8 +294,17 @@ class LoadPaths:
                 self.T[dst, i] = Ti
                 self.mu[dst, i] = mu
                 self.wsum[dst, i] = wsum
-        final = COARSE_PASSES % 2
-        # apply: each support contact takes its share of its upper body's flow, in both copies
+
+    @ti.kernel
+    def kernel_apply(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
+                     failed_step: ti.template()):
+        """Each support contact takes its share of its upper body's flow, in both copies; motion[0] -> motion[1]
+        with the bodies' changes."""
+        n_bodies, n_all, up = self._bodies(model, failed_step)
+        active = n_bodies > 0
+        lower = LOWER
+        final = 0   # (an even number of passes down)
+        t1, t2 = contact_tangents(up)
         for i in range(n_all):
             bi = unpack_body(solver.body[i])
             mo = unpack_motion(solver.motion[0, i])
@@ -303,6 +374,57 @@ class LoadPaths:
         inv_s = 1.0 / ti.cast(self.s[j], ti.f32)
         q = _across(r, t1, t2)
         return ti.max(inv_s + (q - self.pbar[j]).dot(self.mu[pass_, j]), 0.0) / self.wsum[pass_, j]
+
+
+@ti.func
+def _bodies(model: ti.template(), failed_step: ti.template()):
+    """(bodies the passes take: none without gravity or while skipping, all bodies while not skipping, up)"""
+    g = model.gravity[None]
+    glen = g.norm()
+    n_all = ti.select(skipping(failed_step), 0, model.body_count[None])
+    return ti.select(glen > 0.0, n_all, 0), n_all, -g / ti.max(glen, 1e-30)
+
+
+@ti.data_oriented
+class StackProbe:
+    """How deep the scene's stacks are, for scenes that run without the correction: PASS_CHUNK passes of the
+    ground flags alone (kernel_depth), now and then; `deep` once a support chain reaches PASS_CHUNK bodies. Two
+    bytes a body, where the correction's fields take about a hundred."""
+
+    def __init__(self, body_capacity: int):
+        self.ground = ti.field(ti.i8, shape=(2, body_capacity))
+        self.reached = ti.field(ti.i32, shape=())
+
+    def deep(self) -> bool:
+        """(a host read) The last probe found a chain of PASS_CHUNK supported bodies or more."""
+        return int(self.reached[None]) >= PASS_CHUNK
+
+    @ti.kernel
+    def kernel_depth(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
+                     failed_step: ti.template()):
+        """Reads solver.body (kernel_prepare's), the lists; writes self.ground and self.reached (the last pass in
+        which a body became supported, as LoadPaths.kernel_up)."""
+        n_bodies, _n_all, up = _bodies(model, failed_step)
+        self.reached[None] = 0
+        for i in range(n_bodies):
+            self.ground[0, i] = ti.i8(0)
+        for p in ti.static(range(PASS_CHUNK)):
+            src = p % 2
+            for i in range(n_bodies):
+                g = 0
+                if unpack_body(solver.body[i]).inv_mass > 0.0:
+                    li = base + i
+                    for k in range(lists.length(li)):
+                        rec = lists.get(li, k)
+                        if _record_normal(rec).dot(up) >= SUPPORT_COS:
+                            j = rec.other
+                            if j < 0:
+                                g = 1
+                            elif self.ground[src, j] != 0 or unpack_body(solver.body[j]).inv_mass <= 0.0:
+                                g = 1
+                self.ground[1 - src, i] = ti.cast(g, ti.i8)
+                if g != 0 and self.ground[src, i] == 0:
+                    ti.atomic_max(self.reached[None], p + 1)
 
 
 @ti.func

@@ -401,6 +401,7 @@ class Simulation:
         """The launched steps were read back and none failed."""
         self._unchecked = 0
         self._check_every = min(2 * self._check_every, self.CHECK_STEPS)
+        self.solver.after_check()
 
     def resort(self):
         """Store the bodies again in the order of where they are now (app.sim.reorder): by shape, then in grid order

@@ -37,7 +37,7 @@ import taichi as ti
 
 from app.sim.contacts import first_copy, pair_place, record_normal, skipping
 from app.sim.integrator import kernel_integrate
-from app.sim.load_paths import LoadPaths
+from app.sim.load_paths import PASS_CHUNK, LoadPaths, StackProbe
 from app.sim.state import asleep
 from app.sim.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
 from app.sim.solver_records import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion,
@@ -247,6 +247,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 # instead of ten). Iterations beyond a multiple of the batch run one per launch, so any iteration count (the
 # viewer's slider) uses the same two compiled kernels.
 ITERATION_BATCH = 5
+# Steps between probes of the stacks' depth while the load-path correction is off (StackProbe: PASS_CHUNK passes over
+# the contacts, about a step's prepare kernel; read at the next check).
+PROBE_STEPS = 16
 
 
 
@@ -565,6 +568,11 @@ class JacobiSolver:
         # set by set_mass_range, its fields allocated the first time a scene needs them
         self.load_paths = None
         self.use_load_paths = False
+        self.mass_spread = False   # the movable bodies span sim.load_path_ratio
+        self.deep_stacks = False   # a support chain of PASS_CHUNK bodies or more (StackProbe)
+        self.stack_probe = None
+        self._probed = False
+        self._steps = 0
 
     def set_mass_range(self, masses, ratio: float):
         """The masses (kg) of the movable bodies and sim.load_path_ratio: the load-path correction runs when the
@@ -574,9 +582,28 @@ class JacobiSolver:
         steel and wood bodies span 31:1). Call after a load or a change of fixed bodies."""
         masses = np.asarray(masses, dtype=np.float64)
         masses = masses[masses > 0]
-        self.use_load_paths = bool(masses.size) and masses.max() >= ratio * masses.min()
+        self.mass_spread = bool(masses.size) and masses.max() >= ratio * masses.min()
+        self.deep_stacks = False
+        self._steps = 0
+        self._switch_load_paths()
+
+    def _switch_load_paths(self):
+        self.use_load_paths = self.mass_spread or self.deep_stacks
         if self.use_load_paths and self.load_paths is None:
             self.load_paths = LoadPaths(self.model.body_capacity)
+
+    def after_check(self):
+        """After the host read that makes the launched steps final (app.sim.simulation.Simulation._settle): the
+        load-path correction's passes follow the stacks' depth (LoadPaths.read_depth), and it runs for deep stacks
+        as for a spread of masses: on from a probe that found a chain of PASS_CHUNK bodies (StackProbe, every
+        PROBE_STEPS steps while it is off), until the bodies change (set_mass_range: the scene is probed again)."""
+        if self.use_load_paths:
+            self.load_paths.read_depth()
+        elif self._probed:
+            self._probed = False
+            if self.stack_probe.deep():
+                self.deep_stacks = True
+                self._switch_load_paths()
 
     def step(self, state_in, state_out, contacts, dt: float):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate state_in ->
@@ -590,9 +617,17 @@ class JacobiSolver:
         longest list). Any order gives the same result: each thread writes only its own body, from the
         previous iteration's buffers."""
         kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, self.diagnostics, dt)
+        self._steps += 1
+        # (every step at first: a scene's first steps may be redone while its lists grow, and a probe of a step that
+        # did nothing finds nothing)
+        if not self.use_load_paths and (self._steps <= PROBE_STEPS or self._steps % PROBE_STEPS == 1):
+            if self.stack_probe is None:
+                self.stack_probe = StackProbe(self.model.body_capacity)
+            self.stack_probe.kernel_depth(self.model, contacts.lists, contacts.base, self, contacts.failed_step)
+            self._probed = True
         src = 0
         if self.use_load_paths:   # motion[0] -> motion[1]
-            self.load_paths.kernel_apply(self.model, contacts.lists, contacts.base, self, dt, contacts.failed_step)
+            self.load_paths.apply(self.model, contacts.lists, contacts.base, self, dt, contacts.failed_step)
             src = 1
         left = self.iterations
         while left > 0:

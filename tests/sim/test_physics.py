@@ -244,6 +244,38 @@ def test_ten_level_pyramid_stands(sim):
     assert moved.max() < PYRAMID_MAX_MOVE_M, (moved.max(), int(moved.argmax()))
 
 
+DEEP_PYRAMID_TOP_MAX_M = 5e-3   # the top box of a 30-level pyramid, at 1.5 s (2 mm a level without the correction)
+
+
+def test_a_deep_pyramid_stands_on_the_load_paths(sim):
+    """A 30-level pyramid of equal boxes (465): the stack probe finds its support chains deeper than PASS_CHUNK and
+    switches the load-path correction on, its passes covering all 30 levels while they are awake (app.sim.load_paths).
+    Its top box moves less than DEEP_PYRAMID_TOP_MAX_M by 1.5 s and every box is asleep; plain Jacobi iterations let each level sink
+    about 2 mm under the load above it (the 40-level pyramid's top box: 79 mm)."""
+    h = 0.25
+    sim.load(scene_from_dict(_scene([{"generate": "pyramid", "shape": "box", "half_extents": [h, h, h],
+                                      "levels": 30, "origin": [0, 0, 0], "material": "m"}], [FLOOR])))
+    x0 = sim.positions().copy()
+    top = int(np.argmax(x0[:, 1]))
+    _run(sim, 0.1)
+    assert sim.solver.deep_stacks and not sim.solver.mass_spread and sim.solver.load_paths.passes >= 30
+    _run(sim, 1.4)
+    moved = np.linalg.norm(sim.positions()[top] - x0[top])
+    assert moved < DEEP_PYRAMID_TOP_MAX_M, moved
+    assert sim.sleeping().all()
+
+
+def test_a_row_of_boxes_leaves_the_load_paths_off(sim):
+    """Shallow stacks (boxes two high) of equal masses: the probe finds no chain of PASS_CHUNK bodies, and the
+    correction stays off."""
+    h = 0.1
+    boxes = [_box([h, h, h], [3 * h * k, h + 2 * h * level, 0]) for k in range(6) for level in range(2)]
+    sim.load(scene_from_dict(_scene(boxes, [FLOOR])))
+    _run(sim, 0.2)
+    assert sim.solver.stack_probe is not None and not sim.solver.use_load_paths
+    assert int(sim.solver.stack_probe.reached[None]) == 2
+
+
 # ----------------------------------------------------------------------------------------------------
 GYRO_HALF_EXTENTS = np.array([0.3, 0.15, 0.06])   # principal inertias about 1 : 3.6 : 4.3
 
