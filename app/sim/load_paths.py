@@ -1,25 +1,30 @@
-"""Load-path correction: a coarse (two-level) step for the Jacobi contact solver, for heavy bodies resting on light ones.
+"""Load-path correction: a coarse (two-level) step for the Jacobi contact solver, for heavy bodies resting on light ones
+and for deep stacks.
 
 Why: Jacobi with mass splitting (app.sim.solver) moves a body only through the sub-bodies of the bodies it touches. A
 heavy body of mass M on a light one of mass m changes its velocity by about m / (2 M) of the error per iteration,
 whatever the diagonal scaling: the mode "every contact down the stack pushes the same extra amount" is nearly in the
 null space of J M^-1 J^T (it moves only the top body), so its convergence rate is about m / M per iteration. Three
 0.5 m boxes, the top one 1000 times as dense: the heavy box sinks to the floor at 10 iterations (it stands at 100).
+A deep stack of equal bodies converges as slowly: a load crosses one body an iteration, and each level of a 40-level
+pyramid of boxes sank 2 mm under the load above it (its top box 79 mm).
 
 What: one coarse correction per step, before the Jacobi iterations. A body resting on others (a "support" contact:
 the normal pushing it within 18 degrees of up, and the body under it fixed, asleep, a plane or itself supported,
-found in COARSE_PASSES parallel passes from the ground up) may add impulse along its load path, shared over its
-support points, and each supporting body passes everything it receives, plus its own share, on to its own
+found in parallel passes from the ground up, a pass a level: PASS_CHUNK) may add impulse along its load path, shared
+over its support points, and each supporting body passes everything it receives, plus its own share, on to its own
 supports. The shares put the resultant under the loads' resultant (its own share at its centre, the loads from
 above where they press: the least-squares change from equal shares, clipped at zero), so the impulses along a whole
 path cancel on the bodies in between, force and torque (equal shares turned an off-centre light box: three boxes
-each 1 cm further along x, the top one 100 times as dense, rocked and rose 32 mm). The path's coarse matrix p^T A p is about the top body's own n^T M^-1 n; the coarse residual p^T r
-telescopes to the top body's approach velocity to the ground along the path (resting contacts only: one with a gap,
-or closing faster than restitution_threshold, adds no residual, or a landing body would stop the one above it). So each body takes
-D_i = max(0, p_i^T r) / (p_i^T A p_i), at once, for the velocity and for the split-impulse pseudo velocity
-(a Galerkin coarse correction with the paths as its basis; only pushes, never pulls). The flows are summed from
-the top down in COARSE_PASSES passes and added to the contacts' accumulated impulses (both copies the same:
-Newton's third law holds), and to the bodies' velocities; the Jacobi iterations go on from there.
+each 1 cm further along x, the top one 100 times as dense, rocked and rose 32 mm). The path's coarse matrix p^T A p
+is about the top body's own n^T M^-1 n; the coarse residual p^T r telescopes to the top body's approach velocity to
+the ground along the path (resting contacts only: one with a gap, or closing faster than restitution_threshold, adds
+no residual, or a landing body would stop the one above it). So each body takes D_i = p_i^T r / (p_i^T A p_i), at
+once, for the velocity and for the split-impulse pseudo velocity (a Galerkin coarse correction with the paths as its
+basis; a body more than SHALLOW levels up takes DEEP_STEP of it). D_i < 0 pulls: the warm start may carry last
+step's correction into a step that needs less. The flows are summed from the top down in as many passes as up and
+added to the contacts' accumulated impulses (both copies the same: Newton's third law holds; a pull takes back at
+most what a contact pushes), and to the bodies' velocities; the Jacobi iterations go on from there.
 
 Gather as in the solver: thread i writes only body i's fields and its own records; sums in fixed point (the list
 order does not change the result)."""

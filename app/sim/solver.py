@@ -247,9 +247,11 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 # instead of ten). Iterations beyond a multiple of the batch run one per launch, so any iteration count (the
 # viewer's slider) uses the same two compiled kernels.
 ITERATION_BATCH = 5
-# Steps between probes of the stacks' depth while the load-path correction is off (StackProbe: PASS_CHUNK passes over
-# the contacts, about a step's prepare kernel; read at the next check).
-PROBE_STEPS = 16
+# Probes of the stacks' depth while the load-path correction is off (StackProbe: PASS_CHUNK passes over the contacts,
+# about as much as one Jacobi iteration; read at the next check): each of a scene's first PROBE_FIRST steps, then
+# every PROBE_STEPS steps (a stack that builds up is found within 0.13 s at the default dt).
+PROBE_FIRST = 16
+PROBE_STEPS = 64
 
 
 
@@ -576,10 +578,11 @@ class JacobiSolver:
 
     def set_mass_range(self, masses, ratio: float):
         """The masses (kg) of the movable bodies and sim.load_path_ratio: the load-path correction runs when the
-        heaviest is at least `ratio` times the lightest (app.sim.load_paths). Below the default 50 the Jacobi
-        iterations hold a heavy body at the default 10 iterations (a 100:1 stack sinks 4.9 mm without the correction,
-        the sink growing with the ratio), and scenes of similar bodies skip its 14 passes over the contacts (pile_1m's
-        steel and wood bodies span 31:1). Call after a load or a change of fixed bodies."""
+        heaviest is at least `ratio` times the lightest (app.sim.load_paths), or when the stacks are deep (after_check).
+        Below the default 50 the Jacobi iterations hold a heavy body at the default 10 iterations (a 100:1 stack sinks
+        4.9 mm without the correction, the sink growing with the ratio), and scenes of similar bodies without deep
+        stacks skip its passes over the contacts (pile_1m's steel and wood bodies span 31:1). Call after a load or a
+        change of the bodies or of fixed ones: the stacks are probed again."""
         masses = np.asarray(masses, dtype=np.float64)
         masses = masses[masses > 0]
         self.mass_spread = bool(masses.size) and masses.max() >= ratio * masses.min()
@@ -595,8 +598,8 @@ class JacobiSolver:
     def after_check(self):
         """After the host read that makes the launched steps final (app.sim.simulation.Simulation._settle): the
         load-path correction's passes follow the stacks' depth (LoadPaths.read_depth), and it runs for deep stacks
-        as for a spread of masses: on from a probe that found a chain of PASS_CHUNK bodies (StackProbe, every
-        PROBE_STEPS steps while it is off), until the bodies change (set_mass_range: the scene is probed again)."""
+        as for a spread of masses: on from a probe that found a chain of PASS_CHUNK bodies (StackProbe, see
+        PROBE_STEPS), until the bodies change (set_mass_range: the scene is probed again)."""
         if self.use_load_paths:
             self.load_paths.read_depth()
         elif self._probed:
@@ -620,7 +623,7 @@ class JacobiSolver:
         self._steps += 1
         # (every step at first: a scene's first steps may be redone while its lists grow, and a probe of a step that
         # did nothing finds nothing)
-        if not self.use_load_paths and (self._steps <= PROBE_STEPS or self._steps % PROBE_STEPS == 1):
+        if not self.use_load_paths and (self._steps <= PROBE_FIRST or self._steps % PROBE_STEPS == 1):
             if self.stack_probe is None:
                 self.stack_probe = StackProbe(self.model.body_capacity)
             self.stack_probe.kernel_depth(self.model, contacts.lists, contacts.base, self, contacts.failed_step)
