@@ -59,7 +59,7 @@ MAX_PASSES = 256
 # convex_pile had deep overlaps: the paths through tilted contacts do not cancel on the bodies in between).
 SUPPORT_COS = 0.95
 FIXED_ONE = 2.0 ** 32
-LOWER = (PASS_CHUNK - 1) % 2   # the ground buffer the last pass up writes (passes are a multiple of PASS_CHUNK)
+LOWER = (PASS_CHUNK - 1) % 2   # the ground buffer the last pass up reads (passes are a multiple of PASS_CHUNK)
 
 
 @ti.func
@@ -135,10 +135,6 @@ class LoadPaths:
             self.passes = max(PASS_CHUNK, -(-(reached + 1) // PASS_CHUNK) * PASS_CHUNK)
         return reached
 
-    @ti.func
-    def _bodies(self, model: ti.template(), failed_step: ti.template()):
-        return _bodies(model, failed_step)
-
     @ti.kernel
     def kernel_up(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(), dt: ti.f32,
                   failed_step: ti.template(), p0: ti.i32, first: ti.template()):
@@ -146,7 +142,7 @@ class LoadPaths:
         each one's path residual; self.reached: the last pass in which a body became supported."""
         # without gravity there is no up and no load: the bodies' motion passes through unchanged (the iterations
         # start from motion[1] whatever happens here)
-        n_bodies, _n_all, up = self._bodies(model, failed_step)
+        n_bodies, _n_all, up = _bodies(model, failed_step)
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
         if ti.static(first):
@@ -182,8 +178,7 @@ class LoadPaths:
                                 pvj = vec3(0.0)
                                 if j >= 0:
                                     mj = unpack_motion(solver.motion[0, j])
-                                    bj = unpack_body(solver.body[j])
-                                    rj = rec.point - bj.pos
+                                    rj = rec.point - unpack_body(solver.body[j]).pos
                                     vj = mj.v + mj.w.cross(rj)
                                     pvj = mj.pv + mj.pw.cross(rj)
                                 vn = (mi.v + mi.w.cross(ri) - vj).dot(nrm)
@@ -222,7 +217,7 @@ class LoadPaths:
                     failed_step: ti.template(), first: ti.template()):
         """PASS_CHUNK passes from the top down (the first launch, `first`, also finds each body's support points'
         spread): the flow each body passes to its supports, and where."""
-        n_bodies, _n_all, up = self._bodies(model, failed_step)
+        n_bodies, _n_all, up = _bodies(model, failed_step)
         lower = LOWER   # the ground flags the last pass up read: a contact supports with these
         t1, t2 = contact_tangents(up)
         # the support points' spread across the up axis (fixed-point sums: the list order changes no bit)
@@ -305,7 +300,7 @@ class LoadPaths:
                      failed_step: ti.template()):
         """Each support contact takes its share of its upper body's flow, in both copies; motion[0] -> motion[1]
         with the bodies' changes."""
-        n_bodies, n_all, up = self._bodies(model, failed_step)
+        n_bodies, n_all, up = _bodies(model, failed_step)
         active = n_bodies > 0
         lower = LOWER
         final = 0   # (an even number of passes down)

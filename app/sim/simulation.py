@@ -193,6 +193,7 @@ class Simulation:
                         np.arange(scene.body_count, dtype=np.int64))
         builder.write(self.model, self._scene_of)
         self.grid.set_static(builder, self.model)
+        self.solver.forget_stacks()
         self._update_mass_range()
         b = {key: np.asarray(scene.bodies[key])[self._scene_of]
              for key in ("position", "orientation", "velocity", "angular_velocity")}

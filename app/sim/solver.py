@@ -582,13 +582,20 @@ class JacobiSolver:
         Below the default 50 the Jacobi iterations hold a heavy body at the default 10 iterations (a 100:1 stack sinks
         4.9 mm without the correction, the sink growing with the ratio), and scenes of similar bodies without deep
         stacks skip its passes over the contacts (pile_1m's steel and wood bodies span 31:1). Call after a load or a
-        change of the bodies or of fixed ones: the stacks are probed again."""
+        change of the bodies or of fixed ones."""
         masses = np.asarray(masses, dtype=np.float64)
         masses = masses[masses > 0]
         self.mass_spread = bool(masses.size) and masses.max() >= ratio * masses.min()
+        self._switch_load_paths()
+
+    def forget_stacks(self):
+        """A new scene: its stacks are probed from its first step (after_check)."""
         self.deep_stacks = False
         self._steps = 0
-        self._switch_load_paths()
+        self._probed = False
+        if self.load_paths is not None:
+            self.load_paths.passes = PASS_CHUNK
+            self.load_paths.deepening = True
 
     def _switch_load_paths(self):
         self.use_load_paths = self.mass_spread or self.deep_stacks
@@ -599,7 +606,7 @@ class JacobiSolver:
         """After the host read that makes the launched steps final (app.sim.simulation.Simulation._settle): the
         load-path correction's passes follow the stacks' depth (LoadPaths.read_depth), and it runs for deep stacks
         as for a spread of masses: on from a probe that found a chain of PASS_CHUNK bodies (StackProbe, see
-        PROBE_STEPS), until the bodies change (set_mass_range: the scene is probed again)."""
+        PROBE_STEPS), until another scene is loaded (forget_stacks)."""
         if self.use_load_paths:
             self.load_paths.read_depth()
         elif self._probed:

@@ -263,14 +263,21 @@ def test_a_deep_pyramid_stands_on_the_load_paths(sim):
     moved = np.linalg.norm(sim.positions()[top] - x0[top])
     assert moved < DEEP_PYRAMID_TOP_MAX_M, moved
     assert sim.sleeping().all()
+    _load_two_high_boxes(sim)   # the next scene is probed afresh
+    _run(sim, 0.2)
+    assert not sim.solver.use_load_paths
+
+
+def _load_two_high_boxes(sim):
+    h = 0.1
+    boxes = [_box([h, h, h], [3 * h * k, h + 2 * h * level, 0]) for k in range(6) for level in range(2)]
+    sim.load(scene_from_dict(_scene(boxes, [FLOOR])))
 
 
 def test_a_row_of_boxes_leaves_the_load_paths_off(sim):
     """Shallow stacks (boxes two high) of equal masses: the probe finds no chain of PASS_CHUNK bodies, and the
     correction stays off."""
-    h = 0.1
-    boxes = [_box([h, h, h], [3 * h * k, h + 2 * h * level, 0]) for k in range(6) for level in range(2)]
-    sim.load(scene_from_dict(_scene(boxes, [FLOOR])))
+    _load_two_high_boxes(sim)
     _run(sim, 0.2)
     assert sim.solver.stack_probe is not None and not sim.solver.use_load_paths
     assert int(sim.solver.stack_probe.reached[None]) == 2
