@@ -126,13 +126,16 @@ class LoadPaths:
 
     def read_depth(self):
         """After a checked step (its one host read): the passes for the next steps, from the pass in which the last
-        body became supported (the longest support chain): that plus one, rounded up to PASS_CHUNK; or, if bodies
-        became supported in the last pass (a stack grew past the passes), deepening at the next step."""
+        body became supported (the longest support chain): that plus one, rounded up to PASS_CHUNK, and a launch more
+        for the stacks to grow into before the next check; or, if bodies became supported in the last pass (a stack
+        grew past the passes), deepening at the next step. Passes beyond a stack's depth change no bit of the motion
+        (each repeats the last), so the motion does not depend on when the host reads, unless a stack grows by more
+        than PASS_CHUNK bodies between two checks (CHECK_STEPS apart at most)."""
         reached = int(self.reached[None])
         if reached >= self.passes:
             self.deepening = True
         else:
-            self.passes = max(PASS_CHUNK, -(-(reached + 1) // PASS_CHUNK) * PASS_CHUNK)
+            self.passes = min(-(-(reached + 1) // PASS_CHUNK) * PASS_CHUNK + PASS_CHUNK, MAX_PASSES)
         return reached
 
     @ti.kernel

@@ -354,7 +354,10 @@ class Simulation:
             self._launch_step()
             resort = self.resort_interval > 0 and self.step_count % self.resort_interval == 0 and \
                 self.body_count >= self.resort_min_bodies
-            if resort or (check_end and k == steps - 1) or self._unchecked >= self._check_every:
+            # (a step that probed the stacks is checked at once: the load-path correction then switches at the same
+            # step however the caller advances, JacobiSolver.after_check)
+            if resort or (check_end and k == steps - 1) or self._unchecked >= self._check_every or \
+                    self.solver.probed:
                 self._settle()
             if resort:
                 self.resort()
@@ -390,6 +393,7 @@ class Simulation:
                 self.contacts.flip()
             self.step_count = f
             self.vla_regrowths += 1
+            self.solver.redoing()
             self.contacts.flip()
             self.grid.build(self.model, self.state, self.dt)
             find_contacts(self.model, self.state, self.grid, self.contacts, self.diagnostics, self.dt)
@@ -397,6 +401,7 @@ class Simulation:
             self._unchecked = 0
             while self.step_count < end:
                 self._launch_step()
+        self.solver.after_check()   # (the redone steps are final: the last of them went through vla.launch)
 
     def _checked_clean(self):
         """The launched steps were read back and none failed."""

@@ -573,8 +573,7 @@ class JacobiSolver:
         self.mass_spread = False   # the movable bodies span sim.load_path_ratio
         self.deep_stacks = False   # a support chain of PASS_CHUNK bodies or more (StackProbe)
         self.stack_probe = None
-        self._probed = False
-        self._steps = 0
+        self.probed = False   # a step launched since the last check probed the stacks (read it: after_check)
 
     def set_mass_range(self, masses, ratio: float):
         """The masses (kg) of the movable bodies and sim.load_path_ratio: the load-path correction runs when the
@@ -591,8 +590,7 @@ class JacobiSolver:
     def forget_stacks(self):
         """A new scene: its stacks are probed from its first step (after_check)."""
         self.deep_stacks = False
-        self._steps = 0
-        self._probed = False
+        self.probed = False
         if self.load_paths is not None:
             self.load_paths.passes = PASS_CHUNK
             self.load_paths.deepening = True
@@ -602,6 +600,12 @@ class JacobiSolver:
         if self.use_load_paths and self.load_paths is None:
             self.load_paths = LoadPaths(self.model.body_capacity)
 
+    def redoing(self):
+        """Steps that did nothing (their lists had to grow) are about to run again: the load-path correction deepens
+        its passes again at the first of them, whose stacks a skipped step's read could not see (LoadPaths.apply)."""
+        if self.load_paths is not None:
+            self.load_paths.deepening = True
+
     def after_check(self):
         """After the host read that makes the launched steps final (app.sim.simulation.Simulation._settle): the
         load-path correction's passes follow the stacks' depth (LoadPaths.read_depth), and it runs for deep stacks
@@ -609,8 +613,8 @@ class JacobiSolver:
         PROBE_STEPS), until another scene is loaded (forget_stacks)."""
         if self.use_load_paths:
             self.load_paths.read_depth()
-        elif self._probed:
-            self._probed = False
+        elif self.probed:
+            self.probed = False
             if self.stack_probe.deep():
                 self.deep_stacks = True
                 self._switch_load_paths()
@@ -627,14 +631,13 @@ class JacobiSolver:
         longest list). Any order gives the same result: each thread writes only its own body, from the
         previous iteration's buffers."""
         kernel_prepare(self.model, state_in, contacts.lists, contacts.base, self, contacts, self.diagnostics, dt)
-        self._steps += 1
-        # (every step at first: a scene's first steps may be redone while its lists grow, and a probe of a step that
-        # did nothing finds nothing)
-        if not self.use_load_paths and (self._steps <= PROBE_FIRST or self._steps % PROBE_STEPS == 1):
+        # (by the step's number: a step redone while the lists grow probes again; every step at first, so that a
+        # pyramid gets the correction from its second step)
+        if not self.use_load_paths and (state_in.step < PROBE_FIRST or state_in.step % PROBE_STEPS == 0):
             if self.stack_probe is None:
                 self.stack_probe = StackProbe(self.model.body_capacity)
             self.stack_probe.kernel_depth(self.model, contacts.lists, contacts.base, self, contacts.failed_step)
-            self._probed = True
+            self.probed = True
         src = 0
         if self.use_load_paths:   # motion[0] -> motion[1]
             self.load_paths.apply(self.model, contacts.lists, contacts.base, self, dt, contacts.failed_step)

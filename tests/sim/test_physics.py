@@ -268,6 +268,23 @@ def test_a_deep_pyramid_stands_on_the_load_paths(sim):
     assert not sim.solver.use_load_paths
 
 
+def test_the_deep_stack_switch_does_not_depend_on_when_the_host_reads(sim):
+    """The probe's switch and the passes follow the host's reads of the steps, which come at other steps when a caller
+    advances by 1, by 7 or all at once: a 10-level pyramid's motion is the same to the bit."""
+    h = 0.25
+    scene = scene_from_dict(_scene([{"generate": "pyramid", "shape": "box", "half_extents": [h, h, h],
+                                     "levels": 10, "origin": [0, 0, 0], "material": "m"}], [FLOOR]))
+    runs = []
+    for chunk in (150, 1, 7):
+        sim.load(scene)
+        while sim.step_count < 150:
+            sim.advance(min(chunk, 150 - sim.step_count))
+        assert sim.solver.deep_stacks
+        runs.append(np.concatenate([sim.positions(), sim.velocities()]))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_array_equal(runs[0], runs[2])
+
+
 def _load_two_high_boxes(sim):
     h = 0.1
     boxes = [_box([h, h, h], [3 * h * k, h + 2 * h * level, 0]) for k in range(6) for level in range(2)]
