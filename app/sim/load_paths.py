@@ -50,7 +50,7 @@ PASS_CHUNK = 8
 # the body's own mass only, but a path's flow also turns the bodies it passes through, where it enters one side of a
 # body and leaves through supports under the other (a box on two boxes of a pyramid): the deeper the path, the more
 # K_i falls short, and the full step overshoots. At the full step a 40-level pyramid swung every other step between
-# free fall and its load; at half it stands (its top box 1.6 mm down, all asleep by step 500). A stack of three
+# free fall and its load; at half it stands (its top box 1.0 mm down, all asleep by step 500). A stack of three
 # boxes takes the full step: the heavy top box on light ones settles faster.
 SHALLOW = 4
 DEEP_STEP = 0.5
