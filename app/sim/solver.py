@@ -248,7 +248,7 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 # viewer's slider) uses the same two compiled kernels.
 ITERATION_BATCH = 5
 # Probes of the stacks' depth while the load-path correction is off (StackProbe: PASS_CHUNK passes over the contacts,
-# about as much as one Jacobi iteration; read at the next check): each of a scene's first PROBE_FIRST steps, then
+# about as much as one Jacobi iteration; the probing step is checked at once): each of a scene's first PROBE_FIRST steps, then
 # every PROBE_STEPS steps (a stack that builds up is found within 0.13 s at the default dt).
 PROBE_FIRST = 16
 PROBE_STEPS = 64
@@ -611,13 +611,12 @@ class JacobiSolver:
         load-path correction's passes follow the stacks' depth (LoadPaths.read_depth), and it runs for deep stacks
         as for a spread of masses: on from a probe that found a chain of PASS_CHUNK bodies (StackProbe, see
         PROBE_STEPS), until another scene is loaded (forget_stacks)."""
+        probed, self.probed = self.probed, False   # (cleared whatever runs: a flag left set would check every step)
         if self.use_load_paths:
             self.load_paths.read_depth()
-        elif self.probed:
-            self.probed = False
-            if self.stack_probe.deep():
-                self.deep_stacks = True
-                self._switch_load_paths()
+        elif probed and self.stack_probe.deep():
+            self.deep_stacks = True
+            self._switch_load_paths()
 
     def step(self, state_in, state_out, contacts, dt: float):
         """Solve this step's contacts (already in contacts.lists[contacts.base + i]) and integrate state_in ->
