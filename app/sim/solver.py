@@ -247,9 +247,9 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
 # instead of ten). Iterations beyond a multiple of the batch run one per launch, so any iteration count (the
 # viewer's slider) uses the same two compiled kernels.
 ITERATION_BATCH = 5
-# Probes of the stacks' depth while the load-path correction is off (StackProbe: PASS_CHUNK passes over the contacts,
-# about as much as one Jacobi iteration; the probing step is checked at once): each of a scene's first PROBE_FIRST steps, then
-# every PROBE_STEPS steps (a stack that builds up is found within 0.13 s at the default dt).
+# Probes of the stacks' depth while the load-path correction is off (StackProbe: PASS_CHUNK passes over the
+# contacts, about as much as one Jacobi iteration; the probing step is checked at once): each of a scene's first
+# PROBE_FIRST steps, then every PROBE_STEPS steps (a stack that builds up is found within 0.13 s at the default dt).
 PROBE_FIRST = 16
 PROBE_STEPS = 64
 
