@@ -350,6 +350,66 @@ class LoadPaths:
                 mo.pw = mo.pw + _sym_mul(Id, Io, ti.cast(Lp, ti.f32) / scale_w)
             solver.motion[1, i] = pack_motion(mo)
 
+    def shock(self, model, lists, base: int, solver, src: int, dt: float, failed_step):
+        """After the Jacobi iterations, on solver.motion[src] in place: shock propagation over the levels the passes
+        up found (kernel_shock), PASS_CHUNK levels a launch."""
+        for p0 in range(0, self.passes, PASS_CHUNK):
+            self.kernel_shock(model, lists, base, solver, src, dt, failed_step, p0)
+
+    @ti.kernel
+    def kernel_shock(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
+                     src: ti.i32, dt: ti.f32, failed_step: ti.template(), p0: ti.i32):
+        """Levels p0 + 1 .. p0 + PASS_CHUNK above SHALLOW (self.level: the pass up that found a body supported), one
+        after the other: a body that still approaches its final support points on average (its relative normal
+        velocity below the contact's target, m/s; its pseudo velocity below the split-impulse target) moves up by
+        that mean, in velocity and pseudo velocity apart. Reads and writes solver.motion[src]: a level reads only
+        lower levels, which no thread writes meanwhile."""
+        n_bodies, _n_all, up = _bodies(model, failed_step)
+        slop = model.slop[None]
+        beta_per_dt = model.position_correction[None] / dt
+        for p in ti.static(range(PASS_CHUNK)):
+            for i in range(n_bodies):
+                lv = self.level[i]
+                if lv == p0 + p + 1 and lv > SHALLOW and unpack_body(solver.body[i]).inv_mass > 0.0:
+                    pos = unpack_body(solver.body[i]).pos
+                    mo = unpack_motion(solver.motion[src, i])
+                    li = base + i
+                    count = 0
+                    approach = ivec2(0)   # (fixed point: the list order changes no bit)
+                    for k in range(lists.length(li)):
+                        rec = lists.get(li, k)
+                        nrm = _record_normal(rec)
+                        j = rec.other
+                        if nrm.dot(up) >= SUPPORT_COS and self._final_under(solver, j, lv):
+                            vj = vec3(0.0)
+                            pvj = vec3(0.0)
+                            if j >= 0:
+                                mj = unpack_motion(solver.motion[src, j])
+                                rj = rec.point - unpack_body(solver.body[j]).pos
+                                vj = mj.v + mj.w.cross(rj)
+                                pvj = mj.pv + mj.pw.cross(rj)
+                            ri = rec.point - pos
+                            vn = (mo.v + mo.w.cross(ri) - vj).dot(nrm)
+                            vpn = (mo.pv + mo.pw.cross(ri) - pvj).dot(nrm)
+                            short = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn)
+                            approach += ti.cast(short * FIXED_ONE, ti.i64)
+                            count += 1
+                    if count > 0:
+                        lift = ti.max(ti.cast(approach, ti.f32) / (FIXED_ONE * ti.cast(count, ti.f32)), 0.0)
+                        if lift[0] > 0.0 or lift[1] > 0.0:
+                            mo.v += lift[0] * up
+                            mo.pv += lift[1] * up
+                            solver.motion[src, i] = pack_motion(mo)
+
+    @ti.func
+    def _final_under(self, solver: ti.template(), j, lv):
+        """Whether the lower body j of a support contact (j < 0: a plane) is final for a body of level lv in
+        kernel_shock: a plane, a fixed or sleeping body, or a body of a lower level."""
+        out = j < 0
+        if j >= 0:
+            out = unpack_body(solver.body[j]).inv_mass <= 0.0 or (self.level[j] > 0 and self.level[j] < lv)
+        return out
+
     @ti.func
     def _is_support(self, solver: ti.template(), rec, up, lower: ti.template()):
         """Whether contact rec, in the upper body's list, is one of its support points: its normal within SUPPORT_COS

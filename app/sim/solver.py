@@ -648,6 +648,8 @@ class JacobiSolver:
                                     contacts.failed_step)
             src = (src + count) % 2
             left -= count
+        if self.use_load_paths:
+            self.load_paths.shock(self.model, contacts.lists, contacts.base, self, src, dt, contacts.failed_step)
         kernel_integrate(self.model, state_in, state_out, self, src, dt, state_in.step, self.diagnostics,
                          contacts.failed_step)
         state_out.step = state_in.step + 1
