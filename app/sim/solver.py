@@ -648,7 +648,7 @@ class JacobiSolver:
                                     contacts.failed_step)
             src = (src + count) % 2
             left -= count
-        if self.use_load_paths:
+        if self.use_load_paths:   # (shock propagation: stacks the iterations left sinking)
             self.load_paths.shock(self.model, contacts.lists, contacts.base, self, src, dt, contacts.failed_step)
         kernel_integrate(self.model, state_in, state_out, self, src, dt, state_in.step, self.diagnostics,
                          contacts.failed_step)
