@@ -29,15 +29,14 @@ most what a contact pushes), and to the bodies' velocities; the Jacobi iteration
 Shock propagation (Guendelman, Bridson and Fedkiw, "Nonconvex rigid bodies with stacking", SIGGRAPH 2003: each
 level of a stack solved with the levels under it frozen), after the Jacobi iterations: the coarse step is a Jacobi
 step over paths that overlap, and in a 100-level pyramid the levels still sank in bursts from about step 50 (every
-level sinking at 0.5 m/s by step 100, the pyramid fallen by step 300). So the levels the passes up found are swept from the ground up
-(kernel_shock, a level a pass), and a body more than SHALLOW levels up that still approaches its final supports on
-average (a plane, a fixed or sleeping body, a lower level) is lifted by that mean: a translation along up, in
-velocity and in pseudo velocity apart, never down and never turning, and not stored in the contacts: the supports do
-not feel it (stored in both copies for the warm start, with or without pulls down to what a contact pushes, the
-pyramid kept moving at 0.3 m/s).
-A rocking body's pushes are averaged with its pulls, so noise is not rectified into a climb (lifting each point
-alone set a 12-level pyramid rising 0.14 m/s at its top). The base-100 pyramid then stands: its top box 2.5 mm down
-and every box asleep by step 300 (CPU).
+level sinking at 0.5 m/s by step 100, the pyramid fallen by step 300). So the levels the passes up found are swept
+from the ground up (kernel_shock, a level a pass), and a body more than SHALLOW levels up that still approaches its
+final supports on average (a plane, a fixed or sleeping body, a lower level) is lifted by that mean: a translation
+along up, in velocity and in pseudo velocity apart, never down and never turning, and not stored in the contacts:
+the supports do not feel it (stored in both copies for the warm start, with or without pulls down to what a contact
+pushes, the pyramid kept moving at 0.3 m/s). A rocking body's pushes are averaged with its pulls, so noise is not
+rectified into a climb (lifting each point alone set a 12-level pyramid rising 0.14 m/s at its top). The base-100
+pyramid then stands: its top box 2.5 mm down and every box asleep by step 300 (CPU).
 
 Gather as in the solver: thread i writes only body i's fields and its own records; sums in fixed point (the list
 order does not change the result)."""
@@ -46,7 +45,7 @@ import taichi as ti
 
 from app.sim.contacts import record_normal as _record_normal, skipping
 from app.sim.math3d import contact_tangents
-from app.sim.solver_records import pack_motion, unpack_body, unpack_motion
+from app.sim.solver_records import SolverBody, pack_motion, unpack_body, unpack_motion
 
 vec2 = ti.types.vector(2, ti.f32)
 vec3 = ti.types.vector(3, ti.f32)
@@ -383,8 +382,12 @@ class LoadPaths:
         for p in ti.static(range(PASS_CHUNK)):
             for i in range(n_bodies):
                 lv = self.level[i]
-                if lv == p0 + p + 1 and lv > SHALLOW and unpack_body(solver.body[i]).inv_mass > 0.0:
-                    pos = unpack_body(solver.body[i]).pos
+                bi = SolverBody(pos=vec3(0.0), inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
+                                split=0.0, friction=0.0)
+                if lv == p0 + p + 1 and lv > SHALLOW:   # (nested: Taichi evaluates both sides of `and`)
+                    bi = unpack_body(solver.body[i])
+                if bi.inv_mass > 0.0:
+                    pos = bi.pos
                     mo = unpack_motion(solver.motion[src, i])
                     li = base + i
                     count = 0
