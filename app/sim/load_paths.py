@@ -316,14 +316,16 @@ class LoadPaths:
         """Each support contact takes its share of its upper body's flow, in both copies; motion[0] -> motion[1]
         with the bodies' changes."""
         n_bodies, n_all, up = _bodies(model, failed_step)
-        active = n_bodies > 0
         lower = LOWER
         final = 0   # (an even number of passes down)
         t1, t2 = contact_tangents(up)
         for i in range(n_all):
             bi = unpack_body(solver.body[i])
             mo = unpack_motion(solver.motion[0, i])
-            if bi.inv_mass > 0.0 and active:
+            # (n_bodies compared here, not a bool made before the loop: a bool that crosses from a kernel's serial
+            # part into its parallel loop is stored in Taichi's global temporaries, and on CUDA that load faulted
+            # with CUDA_ERROR_MISALIGNED_ADDRESS)
+            if bi.inv_mass > 0.0 and n_bodies > 0:
                 scale = FIXED_ONE * bi.inv_mass
                 scale_w = FIXED_ONE * ti.max(bi.inv_inertia_d[0], ti.max(bi.inv_inertia_d[1], bi.inv_inertia_d[2]))
                 P = ivec3(0)
