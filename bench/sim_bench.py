@@ -66,9 +66,10 @@ def _landing_steps(scene) -> int:
 
 
 def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbose=True, scene=None,
-              resort_interval=None) -> dict:
+              resort_interval=None, capacity=None) -> dict:
     """One timed run (see the module docstring); scene: the loaded scene, if the caller has it already;
-    resort_interval: Simulation.resort_interval (None: its default)."""
+    resort_interval: Simulation.resort_interval (None: its default); capacity: the Simulation's body capacity
+    (None: the scene's)."""
     import taichi as ti
 
     import gc
@@ -82,7 +83,7 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     t_build = time.perf_counter()
     # A fresh Simulation, not app.headless.get_simulation's cached one: a simulation sized for an earlier,
     # larger scene would be reused, and its memory (and speed) reported for this one.
-    sim = Simulation(scene, verbose=verbose, resort_interval=resort_interval)
+    sim = Simulation(scene, verbose=verbose, resort_interval=resort_interval, capacity=capacity)
     warm = _landing_steps(scene) if warmup_steps is None else int(warmup_steps)
     sim.advance(warm)
     sim.check()
@@ -128,14 +129,14 @@ def bench_one(scene_path, storage, steps, overrides=(), warmup_steps=None, verbo
     }
 
 
-def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_interval=None) -> dict:
+def _bench_in_subprocess(path, storage, steps, overrides, warmup, arch, resort_interval=None, capacity=None) -> dict:
     """bench_one in a fresh process: each run starts from an empty device (Taichi does not give field memory
     back), and a run that crashes the device context (Taichi's `dynamic` SNode asserts on the device when
     its allocator runs dry) is reported as a failed row instead of ending the whole benchmark."""
     import subprocess
 
     job = json.dumps({"path": path, "storage": storage, "steps": steps, "overrides": list(overrides),
-                      "warmup": warmup, "arch": arch, "resort_interval": resort_interval})
+                      "warmup": warmup, "arch": arch, "resort_interval": resort_interval, "capacity": capacity})
     from app.errors import PARENT_PID_ENV
 
     # (the run ends with this process: a benchmark stopped by `timeout` leaves no run holding the device; as a
@@ -159,9 +160,9 @@ def _run_one(job_json: str) -> int:
     job = json.loads(job_json)
     # the scene first: a dynamic storage sizes Taichi's sparse-data pool at ti.init (app.sim.simulation.taichi_pool_gb)
     scene = load_scene(job["path"], tuple(job["overrides"]) + (f"sim.contacts={job['storage']}",))
-    arch = ensure_taichi(job["arch"], verbose=False, scene=scene)
+    arch = ensure_taichi(job["arch"], verbose=False, scene=scene, capacity=job.get("capacity") or 0)
     r = bench_one(job["path"], job["storage"], job["steps"], job["overrides"], job["warmup"], verbose=False,
-                  scene=scene, resort_interval=job.get("resort_interval"))
+                  scene=scene, resort_interval=job.get("resort_interval"), capacity=job.get("capacity"))
     r["arch"] = arch
     print(json.dumps(r), flush=True)
     return 0
@@ -239,6 +240,10 @@ def main(argv=None) -> int:
     p.add_argument("--resort-interval", type=int, default=None,
                    help="Simulation.resort_interval: steps between re-sorts of the bodies in memory (0: never; "
                         "default: the Simulation's)")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="body capacity of every run's Simulation (default: each scene's body count rounded up to a "
+                        "power of two). Scenes run at one capacity compile the same kernels, which Taichi's "
+                        "offline cache then keeps for the next run: on CUDA a first run compiles for about 100 s")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per (scene, storage), storages taking turns to go first; medians reported")
     args = p.parse_args(argv)
@@ -251,6 +256,8 @@ def main(argv=None) -> int:
         raise UserError(f"--repeats: expected a positive integer, got {args.repeats}")
     if args.resort_interval is not None and args.resort_interval < 0:
         raise UserError(f"--resort-interval: expected an integer >= 0, got {args.resort_interval}")
+    if args.capacity is not None and args.capacity < 1:
+        raise UserError(f"--capacity: expected a positive integer, got {args.capacity}")
     arch = args.arch  # Taichi runs in the per-run subprocesses only (which report the arch they took)
     steps = args.steps or (40 if args.small else 200)
     rows = []
@@ -262,7 +269,7 @@ def main(argv=None) -> int:
         for rep, storage, storage_overrides in _schedule(storages, args.repeats):
             kind = storage.split("+")[0].partition(":")[0]
             r = _bench_in_subprocess(path, kind, steps, tuple(overrides) + storage_overrides[1:], args.warmup,
-                                     args.arch, args.resort_interval)
+                                     args.arch, args.resort_interval, args.capacity)
             r["storage"] = storage
             r["repeat"] = rep
             rows.append(r)
