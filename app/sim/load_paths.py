@@ -9,10 +9,10 @@ null space of J M^-1 J^T (it moves only the top body), so its convergence rate i
 A deep stack of equal bodies converges as slowly: a load crosses one body an iteration, and each level of a 40-level
 pyramid of boxes sank 2 mm under the load above it (its top box 79 mm).
 
-What: one coarse correction per step, before the Jacobi iterations. A body resting on others (a "support" contact:
-the normal pushing it within 18 degrees of up, and the body under it fixed, asleep, a plane or itself supported,
-found in parallel passes from the ground up, a pass a level: PASS_CHUNK) may add impulse along its load path, shared
-over its support points, and each supporting body passes everything it receives, plus its own share, on to its own
+What: one coarse correction per step, before the Jacobi iterations. The bodies are put in levels from the ground
+up: level 1 rests on the ground (a plane, a fixed or sleeping body), level L on a body of level L - 1 and on none
+lower (a "support" contact: the normal pushing the upper body within 18 degrees of up, the body under it on the
+ground or of a lower level). A body may add impulse along its load path, shared over its support points, and each supporting body passes everything it receives, plus its own share, on to its own
 supports. The shares put the resultant under the loads' resultant (its own share at its centre, the loads from
 above where they press: the least-squares change from equal shares, clipped at zero), so the impulses along a whole
 path cancel on the bodies in between, force and torque (equal shares turned an off-centre light box: three boxes
@@ -22,14 +22,14 @@ the ground along the path (resting contacts only: one with a gap, or closing fas
 no residual, or a landing body would stop the one above it). So each body takes D_i = p_i^T r / (p_i^T A p_i), at
 once, for the velocity and for the split-impulse pseudo velocity (a Galerkin coarse correction with the paths as its
 basis; a body more than SHALLOW levels up takes DEEP_STEP of it). D_i < 0 pulls: the warm start may carry last
-step's correction into a step that needs less. The flows are summed from the top down in as many passes as up and
-added to the contacts' accumulated impulses (both copies the same: Newton's third law holds; a pull takes back at
+step's correction into a step that needs less. The flows are summed from the top level down and added to the
+contacts' accumulated impulses (both copies the same: Newton's third law holds; a pull takes back at
 most what a contact pushes), and to the bodies' velocities; the Jacobi iterations go on from there.
 
 Shock propagation (Guendelman, Bridson and Fedkiw, "Nonconvex rigid bodies with stacking", SIGGRAPH 2003: each
 level of a stack solved with the levels under it frozen), after the Jacobi iterations: the coarse step is a Jacobi
 step over paths that overlap, and in a 100-level pyramid the levels still sank in bursts from about step 50 (every
-level sinking at 0.5 m/s by step 100, the pyramid fallen by step 300). So the levels the passes up found are swept
+level sinking at 0.5 m/s by step 100, the pyramid fallen by step 300). So the levels found are swept
 from the ground up (kernel_shock, a level a pass), and a body more than SHALLOW levels up that still approaches its
 final supports on average (a plane, a fixed or sleeping body, a lower level) is lifted by that mean: a translation
 along up, in velocity and in pseudo velocity apart, never down and never turning, and not stored in the contacts:
@@ -52,11 +52,13 @@ vec3 = ti.types.vector(3, ti.f32)
 ivec2 = ti.types.vector(2, ti.i64)
 ivec3 = ti.types.vector(3, ti.i64)
 
-# Passes from the ground up and from the top down run PASS_CHUNK to a launch (unrolled at compile time; even, so that
-# every launch starts on ping-pong buffer 0), as many launches as the deepest support chain needs: a pass carries the
-# ground one body up, and the flow one body down (a stack deeper than the passes gets no correction above that level:
-# a 40-level pyramid, cut at 6 passes, sagged 2 mm a level, at the slop with 40). LoadPaths.passes follows the depth
-# of the stacks (LoadPaths.apply, read_depth), up to MAX_PASSES.
+# Levels are taken one after the other, PASS_CHUNK to a launch (unrolled at compile time), as many launches as the
+# deepest support chain needs (a stack deeper than the levels searched gets no correction above them: a 40-level
+# pyramid, cut at 6, sagged 2 mm a level). Each level's bodies are listed as it is found (order, start, count), so a
+# level's pass reads the lists of its own bodies only: each body's list is read a few times a step (the search, up,
+# down, the impulses, the shock), not a few times a level (a Jacobi pass over every body for each level read them
+# 2 x 112 times a step in pyramid_100: 212 against 85 ms/step on the 2-core CPU, the same motion to the bit).
+# LoadPaths.passes follows the depth of the stacks (LoadPaths.apply, read_depth), up to MAX_PASSES.
 PASS_CHUNK = 8
 # A body more than SHALLOW bodies above the ground takes DEEP_STEP of its coarse impulse D_i = G_i / K_i. K_i counts
 # the body's own mass only, but a path's flow also turns the bodies it passes through, where it enters one side of a
@@ -71,7 +73,7 @@ MAX_PASSES = 256
 # convex_pile had deep overlaps: the paths through tilted contacts do not cancel on the bodies in between).
 SUPPORT_COS = 0.95
 FIXED_ONE = 2.0 ** 32
-LOWER = (PASS_CHUNK - 1) % 2   # the ground buffer the last pass up reads (passes are a multiple of PASS_CHUNK)
+UNSUPPORTED = 2 ** 30   # the level of a body no support chain reaches
 
 
 @ti.func
@@ -88,42 +90,41 @@ class LoadPaths:
 
     def __init__(self, body_capacity: int):
         n = body_capacity
-        self.ground = ti.field(ti.i32, shape=(2, n))   # supported from the ground, per pass (ping-pong)
-        self.G = ti.Vector.field(2, ti.f32, shape=(2, n))   # path residual (velocity, pseudo velocity), m/s
-        self.T = ti.Vector.field(2, ti.f32, shape=(2, n))   # flow through the body (N s), top down
-        self.D = ti.Vector.field(2, ti.f32, shape=n)        # the body's own coarse impulse
-        self.s = ti.field(ti.i32, shape=n)                  # its support points
-        self.level = ti.field(ti.i32, shape=n)              # the pass up that found it supported
+        # level: the length of the shortest support chain down to the ground (UNSUPPORTED: none), found from the
+        # ground up, a level a pass; the bodies of level L are order[start[L] : start[L] + count[L]]
+        self.level = ti.field(ti.i32, shape=n)
+        self.order = ti.field(ti.i32, shape=n)
+        self.count = ti.field(ti.i32, shape=MAX_PASSES + 2)
+        self.start = ti.field(ti.i32, shape=MAX_PASSES + 2)
+        self.G = ti.Vector.field(2, ti.f32, shape=n)   # path residual (velocity, pseudo velocity), m/s
+        self.T = ti.Vector.field(2, ti.f32, shape=n)   # flow through the body (N s), top down
+        self.D = ti.Vector.field(2, ti.f32, shape=n)   # the body's own coarse impulse
+        self.s = ti.field(ti.i32, shape=n)             # its support points
         # where its supports take the flow: point k's share is max(1/s + (q_k - pbar) . mu, 0) / wsum, q_k the
-        # point across the up axis relative to the body's centre (m); mu, wsum per top-down pass (ping-pong)
-        self.pbar = ti.Vector.field(2, ti.f32, shape=n)     # support points' mean q (m)
-        self.cinv = ti.Vector.field(3, ti.f32, shape=n)     # inverse of their covariance (xx, xz, zz; 1/m^2)
-        self.mu = ti.Vector.field(2, ti.f32, shape=(2, n))  # 1/m
-        self.wsum = ti.field(ti.f32, shape=(2, n))
-        self.reached = ti.field(ti.i32, shape=())          # the last pass up in which a body became supported
-        self.passes = PASS_CHUNK                            # passes up and down (a multiple of PASS_CHUNK)
-        self.deepening = True                               # (see apply)
+        # point across the up axis relative to the body's centre (m)
+        self.pbar = ti.Vector.field(2, ti.f32, shape=n)   # support points' mean q (m)
+        self.cinv = ti.Vector.field(3, ti.f32, shape=n)   # inverse of their covariance (xx, xz, zz; 1/m^2)
+        self.mu = ti.Vector.field(2, ti.f32, shape=n)     # 1/m
+        self.wsum = ti.field(ti.f32, shape=n)
+        self.reached = ti.field(ti.i32, shape=())        # the highest level found
+        self.passes = PASS_CHUNK                          # levels searched (a multiple of PASS_CHUNK)
+        self.deepening = True                             # (see apply)
 
     @ti.func
-    def _support_lower(self, solver: ti.template(), j, src):
-        """(j may carry a load, j's G) for the lower body j (or plane j < 0) of a support contact, pass src."""
-        ok = j < 0
-        Gj = vec2(0.0)
+    def _holds(self, solver: ti.template(), j, lv):
+        """Whether the lower body j of a support contact (j < 0: a plane) can carry a load for a body of level lv: a
+        plane, a fixed or sleeping body, or a body of a lower level."""
+        out = j < 0
         if j >= 0:
-            bj = unpack_body(solver.body[j])
-            if bj.inv_mass <= 0.0:
-                ok = True
-            elif self.ground[src, j] != 0:
-                ok = True
-                Gj = self.G[src, j]
-        return ok, Gj
+            out = unpack_body(solver.body[j]).inv_mass <= 0.0 or self.level[j] < lv
+        return out
 
     def apply(self, model, lists, base: int, solver, dt: float, failed_step):
-        """The correction, motion[0] -> motion[1]: passes up, as many passes down (PASS_CHUNK a launch). Their
-        number is self.passes, read back from the steps (read_depth); while it is not known to cover the stacks
-        (`deepening`: a new scene, or a stack that grew past it), the passes up go on, a host read after each launch,
-        until a launch supports no new body: a correction cut short of a stack's top let a 100-level pyramid
-        collapse in its first steps."""
+        """The correction, motion[0] -> motion[1]: levels from the ground up, then from the top down (PASS_CHUNK levels
+        a launch). Their number is self.passes, read back from the steps (read_depth); while it is not known to cover
+        the stacks (`deepening`: a new scene, or a stack that grew past it), the search goes on, a host read after
+        each launch, until a launch finds no new level: a correction cut short of a stack's top let a 100-level
+        pyramid collapse in its first steps."""
         passes = 0
         while passes < MAX_PASSES:
             self.kernel_up(model, lists, base, solver, dt, failed_step, passes, passes == 0)
@@ -133,16 +134,15 @@ class LoadPaths:
         self.passes = passes
         self.deepening = False
         for p0 in range(0, passes, PASS_CHUNK):
-            self.kernel_down(model, lists, base, solver, failed_step, p0 == 0)
+            self.kernel_down(model, lists, base, solver, failed_step, passes - p0)
         self.kernel_apply(model, lists, base, solver, failed_step)
 
     def read_depth(self):
-        """After a checked step (its one host read): the passes for the next steps, from the pass in which the last
-        body became supported (the longest support chain): that plus one, rounded up to PASS_CHUNK, and a launch more
-        for the stacks to grow into before the next check; or, if bodies became supported in the last pass (a stack
-        grew past the passes), deepening at the next step. Passes beyond a stack's depth change no bit of the motion
-        (each repeats the last), so the motion does not depend on when the host reads, unless a stack grows by more
-        than PASS_CHUNK bodies between two checks (CHECK_STEPS apart at most)."""
+        """After a checked step (its one host read): the levels for the next steps, from the highest level found:
+        that plus one, rounded up to PASS_CHUNK, and a launch more for the stacks to grow into before the next check;
+        or, if the last level searched had bodies (a stack grew past it), deepening at the next step. Levels beyond
+        a stack's height are empty, so the motion does not depend on when the host reads, unless a stack grows by
+        more than PASS_CHUNK bodies between two checks (CHECK_STEPS apart at most)."""
         reached = int(self.reached[None])
         if reached >= self.passes:
             self.deepening = True
@@ -153,162 +153,186 @@ class LoadPaths:
     @ti.kernel
     def kernel_up(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(), dt: ti.f32,
                   failed_step: ti.template(), p0: ti.i32, first: ti.template()):
-        """PASS_CHUNK passes from the ground up, passes p0 .. p0 + PASS_CHUNK - 1: which bodies are supported, and
-        each one's path residual; self.reached: the last pass in which a body became supported."""
-        # without gravity there is no up and no load: the bodies' motion passes through unchanged (the iterations
-        # start from motion[1] whatever happens here)
+        """Levels p0 + 1 .. p0 + PASS_CHUNK from the ground up: level 1 the bodies resting on the ground (a plane, a
+        fixed or sleeping body), level L the bodies resting on one of level L - 1 that no lower level holds, found
+        from the lists of level L - 1 (each body's list is read once for the search, not once a level); then each
+        new body's supports (the contacts under it with a plane, a fixed or sleeping body or a lower level), its
+        path residual and coarse impulse, and its support points' spread. self.reached: the highest level found."""
         n_bodies, _n_all, up = _bodies(model, failed_step)
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
+        t1, t2 = contact_tangents(up)
         if ti.static(first):
             self.reached[None] = 0
+            self.count[0] = 0
+            self.start[0] = 0
             for i in range(n_bodies):
-                self.ground[0, i] = 0
-                self.G[0, i] = vec2(0.0)
+                self.level[i] = UNSUPPORTED
+                self.G[i] = vec2(0.0)
                 self.D[i] = vec2(0.0)
                 self.s[i] = 0
-                self.level[i] = 0
         for p in ti.static(range(PASS_CHUNK)):
-            src = p % 2
-            dst = 1 - src
-            for i in range(n_bodies):
-                bi = unpack_body(solver.body[i])
-                s = 0
-                acc = ivec2(0)
-                nsum = ivec3(0)
-                asum = ivec3(0)
-                li = base + i
-                rad = ti.max(model.body_radius[i], 1e-6)
-                if bi.inv_mass > 0.0:
-                    mi = unpack_motion(solver.motion[0, i])
+            lv = p0 + p + 1
+            self.start[lv] = self.start[lv - 1] + self.count[lv - 1]
+            self.count[lv] = 0
+            # level 1: every body's list; above: the lists of the level under it
+            for i in range(ti.select(lv == 1, n_bodies, 0)):
+                if unpack_body(solver.body[i]).inv_mass > 0.0:
+                    li = base + i
+                    g = 0
                     for k in range(lists.length(li)):
                         rec = lists.get(li, k)
-                        nrm = _record_normal(rec)
-                        if nrm.dot(up) >= SUPPORT_COS:
+                        if _record_normal(rec).dot(up) >= SUPPORT_COS:
                             j = rec.other
-                            ok, Gj = self._support_lower(solver, j, src)
-                            if ok:
-                                ri = rec.point - bi.pos
-                                vj = vec3(0.0)
-                                pvj = vec3(0.0)
-                                if j >= 0:
-                                    mj = unpack_motion(solver.motion[0, j])
-                                    rj = rec.point - unpack_body(solver.body[j]).pos
-                                    vj = mj.v + mj.w.cross(rj)
-                                    pvj = mj.pv + mj.pw.cross(rj)
-                                vn = (mi.v + mi.w.cross(ri) - vj).dot(nrm)
-                                vpn = (mi.pv + mi.pw.cross(ri) - pvj).dot(nrm)
-                                # resting contacts only: touching, and not closing as fast as an impact (a path
-                                # through a gap or a landing body would stop the top body for the whole path)
-                                if rec.depth < 0.0 or vn < -model.restitution_threshold[None]:
-                                    vn = rec.bias   # (no residual from this contact)
-                                    vpn = beta_per_dt * ti.max(rec.depth - slop, 0.0)
-                                    Gj = vec2(0.0)
-                                r = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn) + Gj
-                                acc += ti.cast(r * FIXED_ONE, ti.i64)
-                                nsum += ti.cast(nrm * FIXED_ONE, ti.i64)
-                                asum += ti.cast(ri.cross(nrm) * (FIXED_ONE / rad), ti.i64)
-                                s += 1
-                self.ground[dst, i] = ti.select(s > 0, 1, 0)
-                if s > 0 and self.ground[src, i] == 0:
-                    ti.atomic_max(self.reached[None], p0 + p + 1)
-                    self.level[i] = p0 + p + 1
-                Gi = vec2(0.0)
-                Di = vec2(0.0)
-                if s > 0:
-                    inv_s = 1.0 / ti.cast(s, ti.f32)
-                    Gi = ti.cast(acc, ti.f32) / FIXED_ONE * inv_s
-                    nbar = ti.cast(nsum, ti.f32) / FIXED_ONE * inv_s
-                    abar = ti.cast(asum, ti.f32) * (rad / FIXED_ONE) * inv_s
-                    K = bi.inv_mass * nbar.dot(nbar) + abar.dot(_sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, abar))
-                    if K > 0.0:
-                        Di = ti.select(self.level[i] > SHALLOW, DEEP_STEP, 1.0) * Gi / K
-                self.G[dst, i] = Gi
-                self.D[i] = Di
-                self.s[i] = s
+                            if j < 0:
+                                g = 1
+                            elif unpack_body(solver.body[j]).inv_mass <= 0.0:
+                                g = 1
+                    if g != 0:
+                        self.level[i] = 1
+                        self.order[ti.atomic_add(self.count[1], 1)] = i
+            for e in range(ti.select(lv > 1, self.count[lv - 1], 0)):
+                j = self.order[self.start[lv - 1] + e]
+                lj = base + j
+                for k in range(lists.length(lj)):
+                    rec = lists.get(lj, k)
+                    i = rec.other
+                    if i >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
+                        if unpack_body(solver.body[i]).inv_mass > 0.0:
+                            # (the first to reach i claims it: levels only go down, and one thread sees the old
+                            # UNSUPPORTED)
+                            if ti.atomic_min(self.level[i], lv) == UNSUPPORTED:
+                                self.order[self.start[lv] + ti.atomic_add(self.count[lv], 1)] = i
+            if self.count[lv] > 0:
+                self.reached[None] = lv
+            for e in range(self.count[lv]):
+                i = self.order[self.start[lv] + e]
+                self._resting(model, lists, base, solver, i, lv, up, t1, t2, slop, beta_per_dt)
+
+    @ti.func
+    def _resting(self, model: ti.template(), lists: ti.template(), base, solver: ti.template(), i, lv, up, t1, t2,
+                 slop, beta_per_dt):
+        """Body i of level lv: its supports, path residual G (the mean over its supports of the contact's shortfall
+        plus the lower body's G), coarse impulse D and its support points' spread (pbar, cinv)."""
+        bi = unpack_body(solver.body[i])
+        mi = unpack_motion(solver.motion[0, i])
+        s = 0
+        acc = ivec2(0)
+        nsum = ivec3(0)
+        asum = ivec3(0)
+        q1 = ivec2(0)
+        q2 = ivec3(0)
+        li = base + i
+        rad = ti.max(model.body_radius[i], 1e-6)
+        for k in range(lists.length(li)):
+            rec = lists.get(li, k)
+            nrm = _record_normal(rec)
+            if nrm.dot(up) >= SUPPORT_COS:
+                j = rec.other
+                if self._holds(solver, j, lv):
+                    Gj = vec2(0.0)   # (0 for a fixed or sleeping body: G starts at 0 and they have no level)
+                    if j >= 0:
+                        Gj = self.G[j]
+                    ri = rec.point - bi.pos
+                    vj = vec3(0.0)
+                    pvj = vec3(0.0)
+                    if j >= 0:
+                        mj = unpack_motion(solver.motion[0, j])
+                        rj = rec.point - unpack_body(solver.body[j]).pos
+                        vj = mj.v + mj.w.cross(rj)
+                        pvj = mj.pv + mj.pw.cross(rj)
+                    vn = (mi.v + mi.w.cross(ri) - vj).dot(nrm)
+                    vpn = (mi.pv + mi.pw.cross(ri) - pvj).dot(nrm)
+                    # resting contacts only: touching, and not closing as fast as an impact (a path through a gap
+                    # or a landing body would stop the top body for the whole path)
+                    if rec.depth < 0.0 or vn < -model.restitution_threshold[None]:
+                        vn = rec.bias   # (no residual from this contact)
+                        vpn = beta_per_dt * ti.max(rec.depth - slop, 0.0)
+                        Gj = vec2(0.0)
+                    r = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn) + Gj
+                    acc += ti.cast(r * FIXED_ONE, ti.i64)
+                    nsum += ti.cast(nrm * FIXED_ONE, ti.i64)
+                    asum += ti.cast(ri.cross(nrm) * (FIXED_ONE / rad), ti.i64)
+                    q = _across(ri, t1, t2) / rad
+                    q1 += ti.cast(q * FIXED_ONE, ti.i64)
+                    q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
+                    s += 1
+        Gi = vec2(0.0)
+        Di = vec2(0.0)
+        pbar = vec2(0.0)
+        cinv = vec3(0.0)
+        if s > 0:
+            inv_s = 1.0 / ti.cast(s, ti.f32)
+            Gi = ti.cast(acc, ti.f32) / FIXED_ONE * inv_s
+            nbar = ti.cast(nsum, ti.f32) / FIXED_ONE * inv_s
+            abar = ti.cast(asum, ti.f32) * (rad / FIXED_ONE) * inv_s
+            K = bi.inv_mass * nbar.dot(nbar) + abar.dot(_sym_mul(bi.inv_inertia_d, bi.inv_inertia_o, abar))
+            if K > 0.0:
+                Di = ti.select(lv > SHALLOW, DEEP_STEP, 1.0) * Gi / K
+            if s > 1:
+                m = ti.cast(q1, ti.f32) / FIXED_ONE * inv_s
+                c = ti.cast(q2, ti.f32) / FIXED_ONE * inv_s - vec3(m[0] * m[0], m[0] * m[1], m[1] * m[1])
+                c += vec3(1e-4, 0.0, 1e-4)   # (two points on a line, or one: the shares stay defined)
+                det = c[0] * c[2] - c[1] * c[1]
+                pbar = m * rad
+                cinv = vec3(c[2], -c[1], c[0]) / (det * rad * rad)
+        self.G[i] = Gi
+        self.D[i] = Di
+        self.s[i] = s
+        self.pbar[i] = pbar
+        self.cinv[i] = cinv
 
     @ti.kernel
     def kernel_down(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
-                    failed_step: ti.template(), first: ti.template()):
-        """PASS_CHUNK passes from the top down (the first launch, `first`, also finds each body's support points'
-        spread): the flow each body passes to its supports, and where."""
+                    failed_step: ti.template(), top: ti.i32):
+        """Levels top, top - 1, .. top - PASS_CHUNK + 1 from the top down: the flow each body passes to its supports
+        (its own coarse impulse and the flows of the bodies it carries, all of higher levels), and where."""
         n_bodies, _n_all, up = _bodies(model, failed_step)
-        lower = LOWER   # the ground flags the last pass up read: a contact supports with these
         t1, t2 = contact_tangents(up)
-        # the support points' spread across the up axis (fixed-point sums: the list order changes no bit)
-        if ti.static(first):
-            for i in range(n_bodies):
-                bi = unpack_body(solver.body[i])
-                self.pbar[i] = vec2(0.0)
-                self.cinv[i] = vec3(0.0)
-                if bi.inv_mass > 0.0 and self.s[i] > 1:
-                    rad = ti.max(model.body_radius[i], 1e-6)
-                    q1 = ivec2(0)
-                    q2 = ivec3(0)
-                    li = base + i
-                    for k in range(lists.length(li)):
-                        rec = lists.get(li, k)
-                        if self._is_support(solver, rec, up, lower):
-                            q = _across(rec.point - bi.pos, t1, t2) / rad
-                            q1 += ti.cast(q * FIXED_ONE, ti.i64)
-                            q2 += ti.cast(vec3(q[0] * q[0], q[0] * q[1], q[1] * q[1]) * FIXED_ONE, ti.i64)
-                    inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
-                    m = ti.cast(q1, ti.f32) / FIXED_ONE * inv_s
-                    c = ti.cast(q2, ti.f32) / FIXED_ONE * inv_s - vec3(m[0] * m[0], m[0] * m[1], m[1] * m[1])
-                    c += vec3(1e-4, 0.0, 1e-4)   # (two points on a line, or one: the shares stay defined)
-                    det = c[0] * c[2] - c[1] * c[1]
-                    self.pbar[i] = m * rad
-                    self.cinv[i] = vec3(c[2], -c[1], c[0]) / (det * rad * rad)
-            for i in range(n_bodies):
-                self.T[0, i] = self.D[i]
-                self.mu[0, i] = vec2(0.0)
-                self.wsum[0, i] = 1.0
         # the supports' shares put the resultant of a body's flow under the loads' resultant (its own share at its
         # centre, the loads from above where they press), so that the correction turns no body (equal shares turned
         # an off-centre light box)
         for p in ti.static(range(PASS_CHUNK)):
-            src = p % 2
-            dst = 1 - src
-            for i in range(n_bodies):
+            lv = top - p
+            for e in range(ti.select(n_bodies > 0, self.count[lv], 0)):
+                i = self.order[self.start[lv] + e]
                 bi = unpack_body(solver.body[i])
                 Ti = self.D[i]
                 mu = vec2(0.0)
                 wsum = 1.0
-                if bi.inv_mass > 0.0 and self.ground[lower, i] != 0:
-                    rad = ti.max(model.body_radius[i], 1e-6)
-                    scale = FIXED_ONE * bi.inv_mass
-                    acc = ivec2(0)
-                    mom = ivec2(0)
-                    li = base + i
+                rad = ti.max(model.body_radius[i], 1e-6)
+                scale = FIXED_ONE * bi.inv_mass
+                acc = ivec2(0)
+                mom = ivec2(0)
+                li = base + i
+                for k in range(lists.length(li)):
+                    rec = lists.get(li, k)
+                    j = self._carried(solver, rec, up, lv)
+                    if j >= 0:
+                        f = self.T[j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2)
+                        acc += ti.cast(f * scale, ti.i64)
+                        q = _across(rec.point - bi.pos, t1, t2)
+                        mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
+                Ti += ti.cast(acc, ti.f32) / scale
+                total = Ti[0] + Ti[1]
+                if self.s[i] > 1 and total > 0.0:
+                    aim = ti.cast(mom, ti.f32) * (rad / scale) / total   # the loads' resultant (m)
+                    d = aim - self.pbar[i]
+                    ci = self.cinv[i]
+                    inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
+                    # sum_k w_k q_k = pbar + s C mu: the shares' resultant at aim (C the points' covariance)
+                    mu = vec2(ci[0] * d[0] + ci[1] * d[1], ci[1] * d[0] + ci[2] * d[1]) * inv_s
+                    ws = ti.i64(0)
                     for k in range(lists.length(li)):
                         rec = lists.get(li, k)
-                        j = self._carried(solver, rec, up)
-                        if j >= 0:
-                            f = self.T[src, j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2,
-                                                             src)
-                            acc += ti.cast(f * scale, ti.i64)
+                        if self._is_support(solver, rec, up, lv):
                             q = _across(rec.point - bi.pos, t1, t2)
-                            mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
-                    Ti += ti.cast(acc, ti.f32) / scale
-                    total = Ti[0] + Ti[1]
-                    if self.s[i] > 1 and total > 0.0:
-                        aim = ti.cast(mom, ti.f32) * (rad / scale) / total   # the loads' resultant (m)
-                        d = aim - self.pbar[i]
-                        ci = self.cinv[i]
-                        inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
-                        # sum_k w_k q_k = pbar + s C mu: the shares' resultant at aim (C the points' covariance)
-                        mu = vec2(ci[0] * d[0] + ci[1] * d[1], ci[1] * d[0] + ci[2] * d[1]) * inv_s
-                        ws = ti.i64(0)
-                        for k in range(lists.length(li)):
-                            rec = lists.get(li, k)
-                            if self._is_support(solver, rec, up, lower):
-                                q = _across(rec.point - bi.pos, t1, t2)
-                                w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
-                                ws += ti.cast(w * FIXED_ONE, ti.i64)
-                        wsum = ti.max(ti.cast(ws, ti.f32) / FIXED_ONE, 1e-6)
-                self.T[dst, i] = Ti
-                self.mu[dst, i] = mu
-                self.wsum[dst, i] = wsum
+                            w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
+                            ws += ti.cast(w * FIXED_ONE, ti.i64)
+                    wsum = ti.max(ti.cast(ws, ti.f32) / FIXED_ONE, 1e-6)
+                self.T[i] = Ti
+                self.mu[i] = mu
+                self.wsum[i] = wsum
 
     @ti.kernel
     def kernel_apply(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
@@ -316,16 +340,15 @@ class LoadPaths:
         """Each support contact takes its share of its upper body's flow, in both copies; motion[0] -> motion[1]
         with the bodies' changes."""
         n_bodies, n_all, up = _bodies(model, failed_step)
-        lower = LOWER
-        final = 0   # (an even number of passes down)
         t1, t2 = contact_tangents(up)
         for i in range(n_all):
             bi = unpack_body(solver.body[i])
             mo = unpack_motion(solver.motion[0, i])
+            lv = self.level[i]
             # (n_bodies compared here, not a bool made before the loop: a bool that crosses from a kernel's serial
             # part into its parallel loop is stored in Taichi's global temporaries, and on CUDA that load faulted
             # with CUDA_ERROR_MISALIGNED_ADDRESS)
-            if bi.inv_mass > 0.0 and n_bodies > 0:
+            if bi.inv_mass > 0.0 and n_bodies > 0 and lv != UNSUPPORTED:
                 scale = FIXED_ONE * bi.inv_mass
                 scale_w = FIXED_ONE * ti.max(bi.inv_inertia_d[0], ti.max(bi.inv_inertia_d[1], bi.inv_inertia_d[2]))
                 P = ivec3(0)
@@ -337,13 +360,12 @@ class LoadPaths:
                     rec = lists.get(li, k)
                     nrm = _record_normal(rec)
                     F = vec2(0.0)
-                    if self.s[i] > 0 and self._is_support(solver, rec, up, lower):
-                        F = self.T[final, i] * self._share(i, rec.point - bi.pos, t1, t2, final)
-                    elif self.ground[lower, i] != 0:
-                        j = self._carried(solver, rec, up)
+                    if self.s[i] > 0 and self._is_support(solver, rec, up, lv):
+                        F = self.T[i] * self._share(i, rec.point - bi.pos, t1, t2)
+                    else:
+                        j = self._carried(solver, rec, up, lv)
                         if j >= 0:
-                            F = self.T[final, j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2,
-                                                               final)
+                            F = self.T[j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2)
                     # (a pull takes back at most what the contact pushes: both copies clamp alike)
                     F = ti.max(F, -vec2(rec.impulse_n, rec.impulse_p))
                     if F[0] != 0.0 or F[1] != 0.0:
@@ -365,96 +387,83 @@ class LoadPaths:
             solver.motion[1, i] = pack_motion(mo)
 
     def shock(self, model, lists, base: int, solver, src: int, dt: float, failed_step):
-        """After the Jacobi iterations, on solver.motion[src] in place: shock propagation over the levels the passes
-        up found (kernel_shock), PASS_CHUNK levels a launch."""
+        """After the Jacobi iterations, on solver.motion[src] in place: shock propagation over the levels found
+        (kernel_shock), PASS_CHUNK levels a launch."""
         for p0 in range(0, self.passes, PASS_CHUNK):
             self.kernel_shock(model, lists, base, solver, src, dt, failed_step, p0)
 
     @ti.kernel
     def kernel_shock(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
                      src: ti.i32, dt: ti.f32, failed_step: ti.template(), p0: ti.i32):
-        """Levels p0 + 1 .. p0 + PASS_CHUNK above SHALLOW (self.level: the pass up that found a body supported), one
-        after the other: a body that still approaches its final support points on average (its relative normal
-        velocity below the contact's target, m/s; its pseudo velocity below the split-impulse target) moves up by
-        that mean, in velocity and pseudo velocity apart. Reads and writes solver.motion[src]: a level reads only
-        lower levels, which no thread writes meanwhile."""
+        """Levels p0 + 1 .. p0 + PASS_CHUNK above SHALLOW, one after the other: a body that still approaches its final
+        support points on average (its relative normal velocity below the contact's target, m/s; its pseudo velocity
+        below the split-impulse target) moves up by that mean, in velocity and pseudo velocity apart. Reads and
+        writes solver.motion[src]: a level reads only lower levels, which no thread writes meanwhile."""
         n_bodies, _n_all, up = _bodies(model, failed_step)
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
         for p in ti.static(range(PASS_CHUNK)):
-            for i in range(n_bodies):
-                lv = self.level[i]
-                bi = SolverBody(pos=vec3(0.0), inv_mass=0.0, inv_inertia_d=vec3(0.0), inv_inertia_o=vec3(0.0),
-                                split=0.0, friction=0.0)
-                if lv == p0 + p + 1 and lv > SHALLOW:   # (nested: Taichi evaluates both sides of `and`)
-                    bi = unpack_body(solver.body[i])
-                if bi.inv_mass > 0.0:
-                    pos = bi.pos
-                    mo = unpack_motion(solver.motion[src, i])
-                    li = base + i
-                    count = 0
-                    approach = ivec2(0)   # (fixed point: the list order changes no bit)
-                    for k in range(lists.length(li)):
-                        rec = lists.get(li, k)
-                        nrm = _record_normal(rec)
-                        j = rec.other
-                        if nrm.dot(up) >= SUPPORT_COS and self._final_under(solver, j, lv):
-                            vj = vec3(0.0)
-                            pvj = vec3(0.0)
-                            if j >= 0:
-                                mj = unpack_motion(solver.motion[src, j])
-                                rj = rec.point - unpack_body(solver.body[j]).pos
-                                vj = mj.v + mj.w.cross(rj)
-                                pvj = mj.pv + mj.pw.cross(rj)
-                            ri = rec.point - pos
-                            vn = (mo.v + mo.w.cross(ri) - vj).dot(nrm)
-                            vpn = (mo.pv + mo.pw.cross(ri) - pvj).dot(nrm)
-                            short = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn)
-                            approach += ti.cast(short * FIXED_ONE, ti.i64)
-                            count += 1
-                    if count > 0:
-                        lift = ti.max(ti.cast(approach, ti.f32) / (FIXED_ONE * ti.cast(count, ti.f32)), 0.0)
-                        if lift[0] > 0.0 or lift[1] > 0.0:
-                            mo.v += lift[0] * up
-                            mo.pv += lift[1] * up
-                            solver.motion[src, i] = pack_motion(mo)
+            lv = p0 + p + 1
+            for e in range(ti.select(n_bodies > 0 and lv > SHALLOW, self.count[lv], 0)):
+                i = self.order[self.start[lv] + e]
+                bi = unpack_body(solver.body[i])
+                pos = bi.pos
+                mo = unpack_motion(solver.motion[src, i])
+                li = base + i
+                count = 0
+                approach = ivec2(0)   # (fixed point: the list order changes no bit)
+                for k in range(lists.length(li)):
+                    rec = lists.get(li, k)
+                    nrm = _record_normal(rec)
+                    j = rec.other
+                    if nrm.dot(up) >= SUPPORT_COS and self._holds(solver, j, lv):
+                        vj = vec3(0.0)
+                        pvj = vec3(0.0)
+                        if j >= 0:
+                            mj = unpack_motion(solver.motion[src, j])
+                            rj = rec.point - unpack_body(solver.body[j]).pos
+                            vj = mj.v + mj.w.cross(rj)
+                            pvj = mj.pv + mj.pw.cross(rj)
+                        ri = rec.point - pos
+                        vn = (mo.v + mo.w.cross(ri) - vj).dot(nrm)
+                        vpn = (mo.pv + mo.pw.cross(ri) - pvj).dot(nrm)
+                        short = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn)
+                        approach += ti.cast(short * FIXED_ONE, ti.i64)
+                        count += 1
+                if count > 0:
+                    lift = ti.max(ti.cast(approach, ti.f32) / (FIXED_ONE * ti.cast(count, ti.f32)), 0.0)
+                    if lift[0] > 0.0 or lift[1] > 0.0:
+                        mo.v += lift[0] * up
+                        mo.pv += lift[1] * up
+                        solver.motion[src, i] = pack_motion(mo)
 
     @ti.func
-    def _final_under(self, solver: ti.template(), j, lv):
-        """Whether the lower body j of a support contact (j < 0: a plane) is final for a body of level lv in
-        kernel_shock: a plane, a fixed or sleeping body, or a body of a lower level."""
-        out = j < 0
-        if j >= 0:
-            out = unpack_body(solver.body[j]).inv_mass <= 0.0 or (self.level[j] > 0 and self.level[j] < lv)
-        return out
-
-    @ti.func
-    def _is_support(self, solver: ti.template(), rec, up, lower: ti.template()):
-        """Whether contact rec, in the upper body's list, is one of its support points: its normal within SUPPORT_COS
-        of up, the body under it fixed, asleep, a plane or supported from the ground (flags of pass `lower`)."""
+    def _is_support(self, solver: ti.template(), rec, up, lv):
+        """Whether contact rec, in the list of an upper body of level lv, is one of its support points: its normal
+        within SUPPORT_COS of up, the body under it a plane, fixed, asleep or of a lower level."""
         ok = False
         if _record_normal(rec).dot(up) >= SUPPORT_COS:
-            found, _Gj = self._support_lower(solver, rec.other, lower)
-            ok = found
+            ok = self._holds(solver, rec.other, lv)
         return ok
 
     @ti.func
-    def _carried(self, solver: ti.template(), rec, up):
-        """The movable, supported body that contact rec, in the lower body's list, holds up (its normal pushing the
-        other body within SUPPORT_COS of up), or -1."""
+    def _carried(self, solver: ti.template(), rec, up, lv):
+        """The movable, supported body of a higher level than lv that contact rec, in the list of a lower body of
+        level lv, holds up (its normal pushing the other body within SUPPORT_COS of up), or -1."""
         out = -1
         j = rec.other
         if j >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
-            if self.s[j] > 0 and unpack_body(solver.body[j]).inv_mass > 0.0:
-                out = j
+            if self.s[j] > 0 and self.level[j] > lv and self.level[j] != UNSUPPORTED:
+                if unpack_body(solver.body[j]).inv_mass > 0.0:
+                    out = j
         return out
 
     @ti.func
-    def _share(self, j, r, t1, t2, pass_: ti.template()):
-        """The share of body j's flow that its support point at r (from j's centre) takes, in top-down pass pass_."""
+    def _share(self, j, r, t1, t2):
+        """The share of body j's flow that its support point at r (from j's centre) takes."""
         inv_s = 1.0 / ti.cast(self.s[j], ti.f32)
         q = _across(r, t1, t2)
-        return ti.max(inv_s + (q - self.pbar[j]).dot(self.mu[pass_, j]), 0.0) / self.wsum[pass_, j]
+        return ti.max(inv_s + (q - self.pbar[j]).dot(self.mu[j]), 0.0) / self.wsum[j]
 
 
 @ti.func
@@ -470,7 +479,7 @@ def _bodies(model: ti.template(), failed_step: ti.template()):
 class StackProbe:
     """How deep the scene's stacks are, for scenes that run without the correction: PASS_CHUNK passes of the
     ground flags alone (kernel_depth), now and then; `deep` once a support chain reaches PASS_CHUNK bodies. Two
-    bytes a body, where the correction's fields take about a hundred."""
+    bytes a body, where the correction's fields take 68."""
 
     def __init__(self, body_capacity: int):
         self.ground = ti.field(ti.i8, shape=(2, body_capacity))
