@@ -175,34 +175,36 @@ class LoadPaths:
             lv = p0 + p + 1
             self.start[lv] = self.start[lv - 1] + self.count[lv - 1]
             self.count[lv] = 0
-            # level 1: every body's list; above: the lists of the level under it
-            for i in range(ti.select(lv == 1, n_bodies, 0)):
-                if unpack_body(solver.body[i]).inv_mass > 0.0:
-                    li = base + i
-                    g = 0
-                    for k in range(lists.length(li)):
-                        rec = lists.get(li, k)
-                        if _record_normal(rec).dot(up) >= SUPPORT_COS:
-                            j = rec.other
-                            if j < 0:
-                                g = 1
-                            elif unpack_body(solver.body[j]).inv_mass <= 0.0:
-                                g = 1
-                    if g != 0:
-                        self.level[i] = 1
-                        self.order[ti.atomic_add(self.count[1], 1)] = i
-            for e in range(ti.select(lv > 1, self.count[lv - 1], 0)):
-                j = self.order[self.start[lv - 1] + e]
-                lj = base + j
-                for k in range(lists.length(lj)):
-                    rec = lists.get(lj, k)
-                    i = rec.other
-                    if i >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
-                        if unpack_body(solver.body[i]).inv_mass > 0.0:
-                            # (the first to reach i claims it: levels only go down, and one thread sees the old
-                            # UNSUPPORTED)
-                            if ti.atomic_min(self.level[i], lv) == UNSUPPORTED:
-                                self.order[self.start[lv] + ti.atomic_add(self.count[lv], 1)] = i
+            # level 1 (the first launch's first pass): every body's list; above: the lists of the level under it
+            if ti.static(first and p == 0):
+                for i in range(n_bodies):
+                    if unpack_body(solver.body[i]).inv_mass > 0.0:
+                        li = base + i
+                        g = 0
+                        for k in range(lists.length(li)):
+                            rec = lists.get(li, k)
+                            if _record_normal(rec).dot(up) >= SUPPORT_COS:
+                                j = rec.other
+                                if j < 0:
+                                    g = 1
+                                elif unpack_body(solver.body[j]).inv_mass <= 0.0:
+                                    g = 1
+                        if g != 0:
+                            self.level[i] = 1
+                            self.order[ti.atomic_add(self.count[1], 1)] = i
+            else:
+                for e in range(self.count[lv - 1]):
+                    j = self.order[self.start[lv - 1] + e]
+                    lj = base + j
+                    for k in range(lists.length(lj)):
+                        rec = lists.get(lj, k)
+                        i = rec.other
+                        if i >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
+                            if unpack_body(solver.body[i]).inv_mass > 0.0:
+                                # (the first to reach i claims it: levels only go down, and one thread sees the
+                                # old UNSUPPORTED)
+                                if ti.atomic_min(self.level[i], lv) == UNSUPPORTED:
+                                    self.order[self.start[lv] + ti.atomic_add(self.count[lv], 1)] = i
             if self.count[lv] > 0:
                 self.reached[None] = lv
             for e in range(self.count[lv]):
