@@ -9,22 +9,22 @@ null space of J M^-1 J^T (it moves only the top body), so its convergence rate i
 A deep stack of equal bodies converges as slowly: a load crosses one body an iteration, and each level of a 40-level
 pyramid of boxes sank 2 mm under the load above it (its top box 79 mm).
 
-What: one coarse correction per step, before the Jacobi iterations. The bodies are put in levels from the ground
-up: level 1 rests on the ground (a plane, a fixed or sleeping body), level L on a body of level L - 1 and on none
-lower (a "support" contact: the normal pushing the upper body within 18 degrees of up, the body under it on the
-ground or of a lower level). A body may add impulse along its load path, shared over its support points, and each supporting body passes everything it receives, plus its own share, on to its own
-supports. The shares put the resultant under the loads' resultant (its own share at its centre, the loads from
-above where they press: the least-squares change from equal shares, clipped at zero), so the impulses along a whole
-path cancel on the bodies in between, force and torque (equal shares turned an off-centre light box: three boxes
-each 1 cm further along x, the top one 100 times as dense, rocked and rose 32 mm). The path's coarse matrix p^T A p
-is about the top body's own n^T M^-1 n; the coarse residual p^T r telescopes to the top body's approach velocity to
-the ground along the path (resting contacts only: one with a gap, or closing faster than restitution_threshold, adds
-no residual, or a landing body would stop the one above it). So each body takes D_i = p_i^T r / (p_i^T A p_i), at
-once, for the velocity and for the split-impulse pseudo velocity (a Galerkin coarse correction with the paths as its
-basis; a body more than SHALLOW levels up takes DEEP_STEP of it). D_i < 0 pulls: the warm start may carry last
-step's correction into a step that needs less. The flows are summed from the top level down and added to the
-contacts' accumulated impulses (both copies the same: Newton's third law holds; a pull takes back at
-most what a contact pushes), and to the bodies' velocities; the Jacobi iterations go on from there.
+What: one coarse correction per step, before the Jacobi iterations. The bodies are put in levels from the ground up:
+level 1 rests on the ground (a plane, a fixed or sleeping body), level L on a body of level L - 1 and on none lower (a
+"support" contact: the normal pushing the upper body within 18 degrees of up, the body under it on the ground or of a
+lower level). A body may add impulse along its load path, shared over its support points, and each supporting body
+passes everything it receives, plus its own share, on to its own supports. The shares put the resultant under the loads'
+resultant (its own share at its centre, the loads from above where they press: the least-squares change from equal
+shares, clipped at zero), so the impulses along a whole path cancel on the bodies in between, force and torque (equal
+shares turned an off-centre light box: three boxes each 1 cm further along x, the top one 100 times as dense, rocked and
+rose 32 mm). The path's coarse matrix p^T A p is about the top body's own n^T M^-1 n; the coarse residual p^T r
+telescopes to the top body's approach velocity to the ground along the path (resting contacts only: one with a gap, or
+closing faster than restitution_threshold, adds no residual, or a landing body would stop the one above it). So each
+body takes D_i = p_i^T r / (p_i^T A p_i), at once, for the velocity and for the split-impulse pseudo velocity (a
+Galerkin coarse correction with the paths as its basis; a body more than SHALLOW levels up takes DEEP_STEP of it).
+D_i < 0 pulls: the warm start may carry last step's correction into a step that needs less. The flows are summed from
+the top level down and added to the contacts' accumulated impulses (both copies the same: Newton's third law holds; a
+pull takes back at most what a contact pushes), and to the bodies' velocities; the Jacobi iterations go on from there.
 
 Shock propagation (Guendelman, Bridson and Fedkiw, "Nonconvex rigid bodies with stacking", SIGGRAPH 2003: each
 level of a stack solved with the levels under it frozen), after the Jacobi iterations: the coarse step is a Jacobi
