@@ -11,14 +11,15 @@ BENCHES = {
     "viewer": "bench.viewer_bench",
     "batch": "bench.batch_bench",
 }
-# Tools for working on the simulator (bench/dev/): where a step's time goes, lane use, reproducibility, compile time,
-# solver convergence on stacks
+# Tools for working on the simulator and viewer (bench/dev/): where a step's time goes, lane use, reproducibility,
+# compile time, solver convergence on stacks, what ending an offscreen frame costs
 DEV_BENCHES = {
     "profile": "bench.dev.profile_bench",
     "lanes": "bench.dev.lanes_bench",
     "repro": "bench.dev.repro_bench",
     "compile": "bench.dev.compile_bench",
     "stacks": "bench.dev.stacks_bench",
+    "frame-end": "bench.dev.frame_end_bench",
 }
 
 

@@ -69,3 +69,25 @@ def test_benches_find_the_shipped_scenes(module):
 
     root = importlib.import_module(module).ROOT
     assert os.path.isfile(os.path.join(root, "run.py")) and os.path.isfile(os.path.join(root, "scenes", "bounce.yaml"))
+
+
+def test_frame_end_bench_times_both_ways_of_ending_a_frame():
+    # bench frame-end draws offscreen frames and ends each by the image's read-back or by the depth buffer's copy.
+    import os
+    import subprocess
+    import sys
+
+    from app.viewer.display import vulkan_problem
+
+    if vulkan_problem() is not None:
+        pytest.skip(vulkan_problem())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "run.py", "bench", "frame-end", "--arch", "cpu", "--particles", "200",
+                           "--frames", "2", "--size", "64x48"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    times = {line[:16].strip(): float(line[16:].split()[0]) for line in proc.stdout.splitlines()
+             if line.endswith("ms/frame")}
+    assert set(times) == {"image read-back", "depth copy"} and all(t > 0 for t in times.values())
+    bad = subprocess.run([sys.executable, "run.py", "bench", "frame-end", "--size", "64"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--size: expected WxH" in bad.stderr and "Traceback" not in bad.stderr
