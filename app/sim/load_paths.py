@@ -182,13 +182,8 @@ class LoadPaths:
                         li = base + i
                         g = 0
                         for k in range(lists.length(li)):
-                            rec = lists.get(li, k)
-                            if _record_normal(rec).dot(up) >= SUPPORT_COS:
-                                j = rec.other
-                                if j < 0:
-                                    g = 1
-                                elif unpack_body(solver.body[j]).inv_mass <= 0.0:
-                                    g = 1
+                            if _support_under(solver, lists.get(li, k), up) == ON_GROUND:
+                                g = 1
                         if g != 0:
                             self.level[i] = 1
                             self.order[ti.atomic_add(self.count[1], 1)] = i
@@ -468,6 +463,26 @@ class LoadPaths:
         return ti.max(inv_s + (q - self.pbar[j]).dot(self.mu[j]), 0.0) / self.wsum[j]
 
 
+# _support_under's answers
+NOT_SUPPORT = 0
+ON_GROUND = 1
+ON_BODY = 2
+
+
+@ti.func
+def _support_under(solver: ti.template(), rec, up):
+    """What contact rec, in an upper body's list, rests it on: ON_GROUND (a plane, a fixed or sleeping body), ON_BODY
+    (a movable body, rec.other) or NOT_SUPPORT (its normal further than SUPPORT_COS from up)."""
+    out = NOT_SUPPORT
+    if _record_normal(rec).dot(up) >= SUPPORT_COS:
+        out = ON_BODY
+        if rec.other < 0:
+            out = ON_GROUND
+        elif unpack_body(solver.body[rec.other]).inv_mass <= 0.0:
+            out = ON_GROUND
+    return out
+
+
 @ti.func
 def _bodies(model: ti.template(), failed_step: ti.template()):
     """(bodies the passes take: none without gravity or while skipping, all bodies while not skipping, up)"""
@@ -508,11 +523,11 @@ class StackProbe:
                     li = base + i
                     for k in range(lists.length(li)):
                         rec = lists.get(li, k)
-                        if _record_normal(rec).dot(up) >= SUPPORT_COS:
-                            j = rec.other
-                            if j < 0:
-                                g = 1
-                            elif self.ground[src, j] != 0 or unpack_body(solver.body[j]).inv_mass <= 0.0:
+                        under = _support_under(solver, rec, up)
+                        if under == ON_GROUND:
+                            g = 1
+                        elif under == ON_BODY:
+                            if self.ground[src, rec.other] != 0:
                                 g = 1
                 self.ground[1 - src, i] = ti.cast(g, ti.i8)
                 if g != 0 and self.ground[src, i] == 0:
