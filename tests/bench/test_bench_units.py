@@ -91,3 +91,25 @@ def test_frame_end_bench_times_both_ways_of_ending_a_frame():
     bad = subprocess.run([sys.executable, "run.py", "bench", "frame-end", "--size", "64"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--size: expected WxH" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_sim_bench_capacity_reaches_the_simulation_and_rejects_nonsense(tmp_path):
+    # --capacity sizes every run's Simulation (so that scenes share compiled kernels); a non-positive one is one line.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    bad = subprocess.run([sys.executable, "run.py", "bench", "sim", "--capacity", "0"], cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode != 0 and "--capacity: expected a positive integer" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    out = tmp_path / "b"
+    ok = subprocess.run([sys.executable, "run.py", "bench", "sim", "--arch", "cpu", "--capacity", "4096", "--steps", "2",
+                         "--warmup", "1", "--scenes", "bounce", "--storages", "vla", "--out", str(out)], cwd=root,
+                        capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    run = json.loads((out / "sim_bench.json").read_text())["runs"][0]
+    # the grid and the contact lists are sized by the body capacity: more than bounce's own (16 bodies) gets
+    assert run["bodies"] < 16 and run["contact_storage_stats"]["arrays"] >= 2 * 4096
