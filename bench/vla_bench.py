@@ -498,7 +498,7 @@ USER_PATH = [
     ("read_x_padded", "get loop x padded", 1.5, "{:.2f}"),
     ("fill_x_dynamic", "fill cycle x dynamic", 50.0, "{:.1f}"),
     ("read_x_dynamic", "get loop x dynamic", None, "{:.1f}"),
-    ("flat_read_pct_copy_bw", "flat iteration % copy BW", 40.0, "{:.0f}"),
+    ("flat_fold_pct_copy_bw", "flat iteration (flat_reduce, 8 slots a thread) % copy BW", 40.0, "{:.0f}"),
     # memory: all the device memory the VLA holds (stats()["device_bytes"]: elements, metadata, the overflow area,
     # growth headroom and the work buffers it keeps, launch's snapshot among them)
     ("first_device_over_live", "memory/live after the first launch", -2.0, "{:.2f}"),

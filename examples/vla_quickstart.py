@@ -21,6 +21,17 @@ def neighbour_sums(nbrs: ti.template(), out: ti.template()):
         out[i] = s
 
 
+@ti.func
+def _add(acc, i, k, x):
+    return acc + x
+
+
+@ti.kernel
+def all_pairs_sum(nbrs: ti.template(), part: ti.template()):
+    for g in range((nbrs.flat_size() + 7) // 8):               # every element, whatever the lengths: a thread
+        part[g] = nbrs.flat_reduce(g * 8, 8, _add, 0)          # folds 8 neighbouring storage slots
+
+
 def main(n=2000, radius=0.05, seed=0):
     pos = ti.Vector.field(2, ti.f32, shape=n)
     pos.from_numpy(np.random.default_rng(seed).random((n, 2), dtype=np.float32))
@@ -29,9 +40,11 @@ def main(n=2000, radius=0.05, seed=0):
     offsets, values = nbrs.to_csr()                            # only live elements cross to the host
     sums = ti.field(ti.i32, shape=n)
     neighbour_sums(nbrs, sums)
+    part = ti.field(ti.i32, shape=(nbrs.slot_capacity + 7) // 8)   # slot_capacity >= flat_size(), known on the host
+    all_pairs_sum(nbrs, part)
     print(f"{offsets[-1]} neighbour pairs, longest list {np.diff(offsets).max()}")
     print(nbrs.stats())
-    return pos.to_numpy(), offsets, values, sums.to_numpy()
+    return pos.to_numpy(), offsets, values, sums.to_numpy(), int(part.to_numpy().sum())
 
 
 if __name__ == "__main__":

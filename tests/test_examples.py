@@ -14,7 +14,7 @@ def taichi_runtime():
 def test_readme_vla_example_matches_numpy():
     from examples.vla_quickstart import main
 
-    pos, offsets, values, sums = main(n=400, radius=0.1, seed=3)
+    pos, offsets, values, sums, flat_sum = main(n=400, radius=0.1, seed=3)
     d = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=-1)
     for i in range(len(pos)):
         expect = sorted(j for j in np.nonzero(d[i] < 0.1)[0] if j != i)
@@ -23,3 +23,4 @@ def test_readme_vla_example_matches_numpy():
         near_edge = np.abs(d[i] - 0.1) < 1e-6
         assert set(got) ^ set(expect) <= set(np.nonzero(near_edge)[0].tolist())
         assert sums[i] == sum(got)
+    assert flat_sum == int(values.sum())   # the flat fold visits every element once
