@@ -21,7 +21,7 @@ import taichi as ti
 from vla import launch
 from vla.scan import exclusive_scan
 
-from app.sim.diagnostics import record_penetration
+from app.sim.diagnostics import atomic_max_rare, record_penetration
 from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
 from app.sim.broadphase import HULL_CLASS, kernel_candidate_pairs
 from app.sim.capsule import (PARALLEL_SIN, box_closest, capsule_segment, clip_segment_to_face, closest_on_segment,
@@ -627,7 +627,7 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
         # (nested ifs: Taichi evaluates both sides of `and`, and a scene without sleeping skips the bodies' loads)
         if model.sleep_speed[None] > 0.0 and model.warm_start[None] == 1.0:
             if _still(model, state, i, dt) and _still(model, state, jj, dt):
-                copied = _copy_still_pair(lists, base, prev_base, i, jj)
+                copied = _copy_still_pair(lists, base, prev_base, diagnostics, i, jj)
     if not copied:
         # speculative contacts out to how far the two bodies can close in the step, at least the margin
         # (app.sim.broadphase: body_reach)
@@ -654,13 +654,14 @@ def _still(model: ti.template(), state: ti.template(), b, dt):
 
 
 @ti.func
-def _copy_still_pair(lists: ti.template(), base, prev_base, i, j):
+def _copy_still_pair(lists: ti.template(), base, prev_base, diagnostics: ti.template(), i, j):
     """Append last step's records of pair (i, j) (j < 0: a plane) to both lists, as they are, and return True; False
     (nothing appended) if last step had none. For pairs whose bodies have not moved since (_still): their contacts
     are the ones computed then, to the bit, and so are the warm-start impulses the narrowphase would set (at
     warm_start 1: a sleeper's impulses are not solved, so both copies still hold what they were given). A settled
     pile then costs no contact geometry. Each copy is one run of consecutive records (the pair's points,
-    _emit_contacts), in its own order."""
+    _emit_contacts), in its own order. The pair's deepest point counts in diagnostics.max_depth as a computed one
+    does (its depth / size was checked against penetration_limit when it was computed)."""
     lp = prev_base + i
     first = -1
     count = 0
@@ -677,8 +678,12 @@ def _copy_still_pair(lists: ti.template(), base, prev_base, i, j):
     copied = count > 0 and (j < 0 or first_j >= 0)
     if copied:
         at = lists.append_n(base + i, count)
+        deepest = -1e30
         for q in range(count):
-            lists.put(base + i, at + q, lists.get(lp, first + q))
+            rec = lists.get(lp, first + q)
+            deepest = ti.max(deepest, rec.depth)
+            lists.put(base + i, at + q, rec)
+        atomic_max_rare(diagnostics.max_depth, deepest)
         if j >= 0:
             at_j = lists.append_n(base + j, count)
             for q in range(count):

@@ -496,6 +496,21 @@ def test_a_settled_pile_sleeps_and_a_dropped_body_wakes_it(sim):
     assert sim.sleeping().all()
 
 
+def test_a_sleeping_stack_reports_its_contacts_depth(sim):
+    """A frame's max_depth is the deepest contact of the step, also where every body sleeps and the contacts are
+    carried over rather than computed (app.sim.narrowphase._copy_still_pair): the same depth as the contact
+    records hold, awake or asleep."""
+    h = 0.1
+    sim.load(scene_from_dict(_scene([_box([h, h, h], [0, h + 2 * h * k, 0]) for k in range(3)], [FLOOR])))
+    _run(sim, SLEEP_WITHIN_S)
+    assert sim.sleeping().all()
+    sim.step_frame()
+    _, values = sim.contacts.lists.to_csr()
+    deepest = float(np.max(values["depth"]))
+    assert deepest > 0.0
+    assert sim.last_frame["max_depth"] == pytest.approx(deepest, rel=1e-6)
+
+
 # The 10-level pyramid of scenes/pyramid.yaml comes to rest by the solver alone (sleeping off): every box slower than
 # PYRAMID_REST_SPEED at 5 s (measured: 2e-7 m/s).
 PYRAMID_REST_SPEED = 1e-3
