@@ -114,9 +114,9 @@ class LoadPaths:
     def _holds(self, solver: ti.template(), j, lv):
         """Whether the lower body j of a support contact (j < 0: a plane) can carry a load for a body of level lv: a
         plane, a fixed or sleeping body, or a body of a lower level."""
-        out = j < 0
-        if j >= 0:
-            out = unpack_body(solver.body[j]).inv_mass <= 0.0 or self.level[j] < lv
+        out = _unmoved(solver, j)
+        if not out:
+            out = self.level[j] < lv
         return out
 
     def apply(self, model, lists, base: int, solver, dt: float, failed_step):
@@ -475,11 +475,17 @@ def _support_under(solver: ti.template(), rec, up):
     (a movable body, rec.other) or NOT_SUPPORT (its normal further than SUPPORT_COS from up)."""
     out = NOT_SUPPORT
     if _record_normal(rec).dot(up) >= SUPPORT_COS:
-        out = ON_BODY
-        if rec.other < 0:
-            out = ON_GROUND
-        elif unpack_body(solver.body[rec.other]).inv_mass <= 0.0:
-            out = ON_GROUND
+        out = ti.select(_unmoved(solver, rec.other), ON_GROUND, ON_BODY)
+    return out
+
+
+@ti.func
+def _unmoved(solver: ti.template(), j):
+    """Whether j, the other side of a contact, carries a load without moving: a plane (j < 0), or a fixed or sleeping
+    body (both packed with inverse mass 0 by the solver's kernel_prepare)."""
+    out = j < 0
+    if j >= 0:   # (not `or`: Taichi evaluates both sides, and solver.body[-1] is out of range)
+        out = unpack_body(solver.body[j]).inv_mass <= 0.0
     return out
 
 
