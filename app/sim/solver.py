@@ -571,7 +571,7 @@ class JacobiSolver:
         self.load_paths = None
         self.use_load_paths = False
         self.mass_spread = False   # the movable bodies span sim.load_path_ratio
-        self.deep_stacks = False   # a support chain of PASS_CHUNK bodies or more (StackProbe)
+        self.deep_stacks = False   # stacks of PASS_CHUNK bodies or more (StackProbe.deep)
         self.stack_probe = None
         self.probed = False   # a step launched since the last check probed the stacks (read it: after_check)
 
@@ -609,7 +609,7 @@ class JacobiSolver:
     def after_check(self):
         """After the host read that makes the launched steps final (app.sim.simulation.Simulation._settle): the
         load-path correction's passes follow the stacks' depth (LoadPaths.read_depth), and it runs for deep stacks
-        as for a spread of masses: on from a probe that found a chain of PASS_CHUNK bodies (StackProbe, see
+        as for a spread of masses: on from a probe that found stacks PASS_CHUNK bodies deep (StackProbe.deep, see
         PROBE_STEPS), until another scene is loaded (forget_stacks)."""
         probed, self.probed = self.probed, False   # (cleared whatever runs: a flag left set would check every step)
         if self.use_load_paths:

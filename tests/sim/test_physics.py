@@ -14,6 +14,7 @@ ti = pytest.importorskip("taichi")
 
 from app.runtime import taichi_options  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
+from app.sim.load_paths import PASS_CHUNK, STACK_SHARE  # noqa: E402
 
 CAPACITY = 64
 G = 9.81
@@ -300,6 +301,28 @@ def test_a_row_of_boxes_leaves_the_load_paths_off(sim):
     _run(sim, 0.2)
     assert sim.solver.stack_probe is not None and not sim.solver.use_load_paths
     assert int(sim.solver.stack_probe.reached[None]) == 2
+
+
+def _load_column_among_boxes(sim, singles):
+    """A column of PASS_CHUNK + 1 boxes beside `singles` boxes resting on the floor alone."""
+    h = 0.1
+    boxes = [_box([h, h, h], [3 * h * k, h, 0]) for k in range(singles)]
+    boxes += [_box([h, h, h], [-1.0, h + 2 * h * level, 0]) for level in range(PASS_CHUNK + 1)]
+    sim.load(scene_from_dict(_scene(boxes, [FLOOR])))
+
+
+@pytest.mark.parametrize("singles", [4, 12])
+def test_a_few_deep_chains_among_many_grounded_bodies_leave_the_load_paths_off(sim, singles):
+    """The probe switches the correction on for stacks, where the bodies PASS_CHUNK up a support chain number
+    STACK_SHARE of those on the ground or more, not for a pile's few deep chains: one column among 4 boxes on the
+    floor (1 at depth 8 for 5 on the ground) turns it on, among 12 (1 for 13) it stays off."""
+    _load_column_among_boxes(sim, singles)
+    _run(sim, 0.2)
+    probe = sim.solver.stack_probe
+    joined = probe.joined.to_numpy()
+    assert int(probe.reached[None]) == PASS_CHUNK and joined[0] == singles + 1 and joined[-1] == 1, joined
+    assert sim.solver.use_load_paths == (1 >= STACK_SHARE * (singles + 1))
+    assert sim.solver.use_load_paths == (singles == 4)
 
 
 # ----------------------------------------------------------------------------------------------------
