@@ -42,6 +42,7 @@ Gather as in the solver: thread i writes only body i's fields and its own record
 order does not change the result)."""
 
 import taichi as ti
+from taichi.lang import impl
 
 from app.sim.contacts import record_normal as _record_normal, skipping
 from app.sim.math3d import contact_tangents
@@ -60,6 +61,14 @@ ivec3 = ti.types.vector(3, ti.i64)
 # 2 x 112 times a step in pyramid_100: 212 against 85 ms/step on the 2-core CPU, the same motion to the bit).
 # LoadPaths.passes follows the depth of the stacks (LoadPaths.apply, read_depth), up to MAX_PASSES.
 PASS_CHUNK = 8
+# A level's pass runs LEVEL_LANES threads, each taking every LEVEL_LANES-th body of the level. Its bound is then a
+# constant: a loop bounded by a field (the level's count) is a launch of its own before the loop's, for Taichi to
+# compute the bound, and a level's passes were eight launches a step where they are now four (up: the search and
+# the bodies found; down; shock). The launches, not the work, bound a deep pyramid's step on a GPU (pyramid_100:
+# 1.26 of 4.47 ms a step in kernels, H100). A GPU level of up to LEVEL_LANES_GPU bodies takes one a thread (a
+# pyramid's widest level is its base; many_pyramids' level 1, 1,000); a CPU has a few cores to keep busy.
+LEVEL_LANES_GPU = 4096
+LEVEL_LANES_CPU = 64
 # A body more than SHALLOW bodies above the ground takes DEEP_STEP of its coarse impulse D_i = G_i / K_i. K_i counts
 # the body's own mass only, but a path's flow also turns the bodies it passes through, where it enters one side of a
 # body and leaves through supports under the other (a box on two boxes of a pyramid): the deeper the path, the more
@@ -116,6 +125,7 @@ class LoadPaths:
         self.reached = ti.field(ti.i32, shape=())        # the highest level found
         self.passes = PASS_CHUNK                          # levels searched (a multiple of PASS_CHUNK)
         self.deepening = True                             # (see apply)
+        self.lanes = LEVEL_LANES_GPU if impl.current_cfg().arch == ti.cuda else LEVEL_LANES_CPU
 
     @ti.func
     def _holds(self, solver: ti.template(), j, lv):
@@ -171,17 +181,16 @@ class LoadPaths:
         t1, t2 = contact_tangents(up)
         if ti.static(first):
             self.reached[None] = 0
-            self.count[0] = 0
-            self.start[0] = 0
+            self.start[1] = 0
+            for lv in range(MAX_PASSES + 2):
+                self.count[lv] = 0
             for i in range(n_bodies):
                 self.level[i] = UNSUPPORTED
                 self.G[i] = vec2(0.0)
                 self.D[i] = vec2(0.0)
                 self.s[i] = 0
+        # (the level is computed inside each loop: a statement between two loops is a launch of its own)
         for p in ti.static(range(PASS_CHUNK)):
-            lv = p0 + p + 1
-            self.start[lv] = self.start[lv - 1] + self.count[lv - 1]
-            self.count[lv] = 0
             # level 1 (the first launch's first pass): every body's list; above: the lists of the level under it
             if ti.static(first and p == 0):
                 for i in range(n_bodies):
@@ -195,23 +204,39 @@ class LoadPaths:
                             self.level[i] = 1
                             self.order[ti.atomic_add(self.count[1], 1)] = i
             else:
-                for e in range(self.count[lv - 1]):
-                    j = self.order[self.start[lv - 1] + e]
-                    lj = base + j
-                    for k in range(lists.length(lj)):
-                        rec = lists.get(lj, k)
-                        i = rec.other
-                        if i >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
-                            if unpack_body(solver.body[i]).inv_mass > 0.0:
-                                # (the first to reach i claims it: levels only go down, and one thread sees the
-                                # old UNSUPPORTED)
-                                if ti.atomic_min(self.level[i], lv) == UNSUPPORTED:
-                                    self.order[self.start[lv] + ti.atomic_add(self.count[lv], 1)] = i
-            if self.count[lv] > 0:
-                self.reached[None] = lv
-            for e in range(self.count[lv]):
-                i = self.order[self.start[lv] + e]
-                self._resting(model, lists, base, solver, i, lv, up, t1, t2, slop, beta_per_dt)
+                for t in range(self.lanes):
+                    lv = p0 + p + 1
+                    below = self.start[lv - 1]
+                    start = below + self.count[lv - 1]
+                    if t == 0:
+                        self.start[lv] = start
+                    e = t
+                    while e < self.count[lv - 1]:
+                        self._search(solver, lists, base, self.order[below + e], lv, start, up)
+                        e += self.lanes
+            for t in range(self.lanes):
+                lv = p0 + p + 1
+                if t == 0 and self.count[lv] > 0:
+                    self.reached[None] = lv
+                e = t
+                while e < self.count[lv]:
+                    self._resting(model, lists, base, solver, self.order[self.start[lv] + e], lv, up, t1, t2, slop,
+                                  beta_per_dt)
+                    e += self.lanes
+
+    @ti.func
+    def _search(self, solver: ti.template(), lists: ti.template(), base, j, lv, start, up):
+        """The movable bodies that body j (of level lv - 1) holds up and that no lower level holds: level lv, listed
+        from order[start]."""
+        lj = base + j
+        for k in range(lists.length(lj)):
+            rec = lists.get(lj, k)
+            i = rec.other
+            if i >= 0 and -_record_normal(rec).dot(up) >= SUPPORT_COS:
+                if unpack_body(solver.body[i]).inv_mass > 0.0:
+                    # (the first to reach i claims it: levels only go down, and one thread sees the old UNSUPPORTED)
+                    if ti.atomic_min(self.level[i], lv) == UNSUPPORTED:
+                        self.order[start + ti.atomic_add(self.count[lv], 1)] = i
 
     @ti.func
     def _resting(self, model: ti.template(), lists: ti.template(), base, solver: ti.template(), i, lv, up, t1, t2,
@@ -297,46 +322,54 @@ class LoadPaths:
         # centre, the loads from above where they press), so that the correction turns no body (equal shares turned
         # an off-centre light box)
         for p in ti.static(range(PASS_CHUNK)):
-            lv = top - p
-            for e in range(ti.select(n_bodies > 0, self.count[lv], 0)):
-                i = self.order[self.start[lv] + e]
-                bi = unpack_body(solver.body[i])
-                Ti = self.D[i]
-                mu = vec2(0.0)
-                wsum = 1.0
-                rad = ti.max(model.body_radius[i], 1e-6)
-                scale = FIXED_ONE * bi.inv_mass
-                acc = ivec2(0)
-                mom = ivec2(0)
-                li = base + i
-                for k in range(lists.length(li)):
-                    rec = lists.get(li, k)
-                    j = self._carried(solver, rec, up, lv)
-                    if j >= 0:
-                        f = self.T[j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2)
-                        acc += ti.cast(f * scale, ti.i64)
-                        q = _across(rec.point - bi.pos, t1, t2)
-                        mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
-                Ti += ti.cast(acc, ti.f32) / scale
-                total = Ti[0] + Ti[1]
-                if self.s[i] > 1 and total > 0.0:
-                    aim = ti.cast(mom, ti.f32) * (rad / scale) / total   # the loads' resultant (m)
-                    d = aim - self.pbar[i]
-                    ci = self.cinv[i]
-                    inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
-                    # sum_k w_k q_k = pbar + s C mu: the shares' resultant at aim (C the points' covariance)
-                    mu = vec2(ci[0] * d[0] + ci[1] * d[1], ci[1] * d[0] + ci[2] * d[1]) * inv_s
-                    ws = ti.i64(0)
-                    for k in range(lists.length(li)):
-                        rec = lists.get(li, k)
-                        if self._is_support(solver, rec, up, lv):
-                            q = _across(rec.point - bi.pos, t1, t2)
-                            w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
-                            ws += ti.cast(w * FIXED_ONE, ti.i64)
-                    wsum = ti.max(ti.cast(ws, ti.f32) / FIXED_ONE, 1e-6)
-                self.T[i] = Ti
-                self.mu[i] = mu
-                self.wsum[i] = wsum
+            for t in range(self.lanes):
+                lv = top - p   # (in the loop: see kernel_up)
+                e = t
+                while e < ti.select(n_bodies > 0, self.count[lv], 0):
+                    self._down(model, lists, base, solver, self.order[self.start[lv] + e], lv, up, t1, t2)
+                    e += self.lanes
+
+    @ti.func
+    def _down(self, model: ti.template(), lists: ti.template(), base, solver: ti.template(), i, lv, up, t1, t2):
+        """Body i of level lv: its flow T (its own coarse impulse and the flows of the bodies it carries) and its
+        supports' shares of it (mu, wsum)."""
+        bi = unpack_body(solver.body[i])
+        Ti = self.D[i]
+        mu = vec2(0.0)
+        wsum = 1.0
+        rad = ti.max(model.body_radius[i], 1e-6)
+        scale = FIXED_ONE * bi.inv_mass
+        acc = ivec2(0)
+        mom = ivec2(0)
+        li = base + i
+        for k in range(lists.length(li)):
+            rec = lists.get(li, k)
+            j = self._carried(solver, rec, up, lv)
+            if j >= 0:
+                f = self.T[j] * self._share(j, rec.point - unpack_body(solver.body[j]).pos, t1, t2)
+                acc += ti.cast(f * scale, ti.i64)
+                q = _across(rec.point - bi.pos, t1, t2)
+                mom += ti.cast((f[0] + f[1]) * q * (scale / rad), ti.i64)
+        Ti += ti.cast(acc, ti.f32) / scale
+        total = Ti[0] + Ti[1]
+        if self.s[i] > 1 and total > 0.0:
+            aim = ti.cast(mom, ti.f32) * (rad / scale) / total   # the loads' resultant (m)
+            d = aim - self.pbar[i]
+            ci = self.cinv[i]
+            inv_s = 1.0 / ti.cast(self.s[i], ti.f32)
+            # sum_k w_k q_k = pbar + s C mu: the shares' resultant at aim (C the points' covariance)
+            mu = vec2(ci[0] * d[0] + ci[1] * d[1], ci[1] * d[0] + ci[2] * d[1]) * inv_s
+            ws = ti.i64(0)
+            for k in range(lists.length(li)):
+                rec = lists.get(li, k)
+                if self._is_support(solver, rec, up, lv):
+                    q = _across(rec.point - bi.pos, t1, t2)
+                    w = ti.max(inv_s + (q - self.pbar[i]).dot(mu), 0.0)
+                    ws += ti.cast(w * FIXED_ONE, ti.i64)
+            wsum = ti.max(ti.cast(ws, ti.f32) / FIXED_ONE, 1e-6)
+        self.T[i] = Ti
+        self.mu[i] = mu
+        self.wsum[i] = wsum
 
     @ti.kernel
     def kernel_apply(self, model: ti.template(), lists: ti.template(), base: ti.i32, solver: ti.template(),
@@ -407,39 +440,48 @@ class LoadPaths:
         slop = model.slop[None]
         beta_per_dt = model.position_correction[None] / dt
         for p in ti.static(range(PASS_CHUNK)):
-            lv = p0 + p + 1
-            for e in range(ti.select(n_bodies > 0 and lv > SHALLOW, self.count[lv], 0)):
-                i = self.order[self.start[lv] + e]
-                bi = unpack_body(solver.body[i])
-                pos = bi.pos
-                mo = unpack_motion(solver.motion[src, i])
-                li = base + i
-                count = 0
-                approach = ivec2(0)   # (fixed point: the list order changes no bit)
-                for k in range(lists.length(li)):
-                    rec = lists.get(li, k)
-                    nrm = _record_normal(rec)
-                    j = rec.other
-                    if nrm.dot(up) >= SUPPORT_COS and self._holds(solver, j, lv):
-                        vj = vec3(0.0)
-                        pvj = vec3(0.0)
-                        if j >= 0:
-                            mj = unpack_motion(solver.motion[src, j])
-                            rj = rec.point - unpack_body(solver.body[j]).pos
-                            vj = mj.v + mj.w.cross(rj)
-                            pvj = mj.pv + mj.pw.cross(rj)
-                        ri = rec.point - pos
-                        vn = (mo.v + mo.w.cross(ri) - vj).dot(nrm)
-                        vpn = (mo.pv + mo.pw.cross(ri) - pvj).dot(nrm)
-                        short = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn)
-                        approach += ti.cast(short * FIXED_ONE, ti.i64)
-                        count += 1
-                if count > 0:
-                    lift = ti.max(ti.cast(approach, ti.f32) / (FIXED_ONE * ti.cast(count, ti.f32)), 0.0)
-                    if lift[0] > 0.0 or lift[1] > 0.0:
-                        mo.v += lift[0] * up
-                        mo.pv += lift[1] * up
-                        solver.motion[src, i] = pack_motion(mo)
+            for t in range(self.lanes):
+                lv = p0 + p + 1   # (in the loop: see kernel_up)
+                e = t
+                while e < ti.select(n_bodies > 0 and lv > SHALLOW, self.count[lv], 0):
+                    self._shock(model, lists, base, solver, src, self.order[self.start[lv] + e], lv, up, slop,
+                                beta_per_dt)
+                    e += self.lanes
+
+    @ti.func
+    def _shock(self, model: ti.template(), lists: ti.template(), base, solver: ti.template(), src, i, lv, up, slop,
+               beta_per_dt):
+        """Body i of level lv (above SHALLOW): lifted by its mean approach to its supports, if positive."""
+        bi = unpack_body(solver.body[i])
+        pos = bi.pos
+        mo = unpack_motion(solver.motion[src, i])
+        li = base + i
+        count = 0
+        approach = ivec2(0)   # (fixed point: the list order changes no bit)
+        for k in range(lists.length(li)):
+            rec = lists.get(li, k)
+            nrm = _record_normal(rec)
+            j = rec.other
+            if nrm.dot(up) >= SUPPORT_COS and self._holds(solver, j, lv):
+                vj = vec3(0.0)
+                pvj = vec3(0.0)
+                if j >= 0:
+                    mj = unpack_motion(solver.motion[src, j])
+                    rj = rec.point - unpack_body(solver.body[j]).pos
+                    vj = mj.v + mj.w.cross(rj)
+                    pvj = mj.pv + mj.pw.cross(rj)
+                ri = rec.point - pos
+                vn = (mo.v + mo.w.cross(ri) - vj).dot(nrm)
+                vpn = (mo.pv + mo.pw.cross(ri) - pvj).dot(nrm)
+                short = vec2(rec.bias - vn, beta_per_dt * ti.max(rec.depth - slop, 0.0) - vpn)
+                approach += ti.cast(short * FIXED_ONE, ti.i64)
+                count += 1
+        if count > 0:
+            lift = ti.max(ti.cast(approach, ti.f32) / (FIXED_ONE * ti.cast(count, ti.f32)), 0.0)
+            if lift[0] > 0.0 or lift[1] > 0.0:
+                mo.v += lift[0] * up
+                mo.pv += lift[1] * up
+                solver.motion[src, i] = pack_motion(mo)
 
     @ti.func
     def _is_support(self, solver: ti.template(), rec, up, lv):
