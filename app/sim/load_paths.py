@@ -62,11 +62,11 @@ ivec3 = ti.types.vector(3, ti.i64)
 # LoadPaths.passes follows the depth of the stacks (LoadPaths.apply, read_depth), up to MAX_PASSES.
 PASS_CHUNK = 8
 # A level's pass runs LEVEL_LANES threads, each taking every LEVEL_LANES-th body of the level. Its bound is then a
-# constant: a loop bounded by a field (the level's count) is a launch of its own before the loop's, for Taichi to
-# compute the bound, and a level's passes were eight launches a step where they are now four (up: the search and
-# the bodies found; down; shock). The launches, not the work, bound a deep pyramid's step on a GPU (pyramid_100:
-# 1.26 of 4.47 ms a step in kernels, H100). A GPU level of up to LEVEL_LANES_GPU bodies takes one a thread (a
-# pyramid's widest level is its base; many_pyramids' level 1, 1,000); a CPU has a few cores to keep busy.
+# constant: a loop bounded by a field (the level's count) is a launch of its own before the loop's, where Taichi
+# computes the bound, and a deep pyramid's step on a GPU is bound by its launches, not by its work. So a level takes
+# four launches a step (up: the search and the bodies found; down; shock). A GPU level of up to LEVEL_LANES_GPU
+# bodies takes one a thread (a pyramid's widest level is its base; many_pyramids' level 1, 1,000); a CPU has a few
+# cores to keep busy.
 LEVEL_LANES_GPU = 4096
 LEVEL_LANES_CPU = 64
 # A body more than SHALLOW bodies above the ground takes DEEP_STEP of its coarse impulse D_i = G_i / K_i. K_i counts
