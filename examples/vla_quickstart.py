@@ -28,8 +28,8 @@ def _add(acc, i, k, x):
 
 @ti.kernel
 def all_pairs_sum(nbrs: ti.template(), part: ti.template()):
-    for g in range((nbrs.flat_size() + 7) // 8):               # every element, whatever the lengths: a thread
-        part[g] = nbrs.flat_reduce(g * 8, 8, _add, 0)          # folds 8 neighbouring storage slots
+    for g in range((nbrs.flat_size() + 3) // 4):               # every element, whatever the lengths: a thread
+        part[g] = nbrs.flat_reduce(g * 4, 4, _add, 0)          # folds 4 neighbouring storage slots
 
 
 def main(n=2000, radius=0.05, seed=0):
@@ -40,7 +40,7 @@ def main(n=2000, radius=0.05, seed=0):
     offsets, values = nbrs.to_csr()                            # only live elements cross to the host
     sums = ti.field(ti.i32, shape=n)
     neighbour_sums(nbrs, sums)
-    part = ti.field(ti.i32, shape=(nbrs.slot_capacity + 7) // 8)   # slot_capacity >= flat_size(), known on the host
+    part = ti.field(ti.i32, shape=(nbrs.slot_capacity + 3) // 4)   # slot_capacity >= flat_size(), known on the host
     all_pairs_sum(nbrs, part)
     print(f"{offsets[-1]} neighbour pairs, longest list {np.diff(offsets).max()}")
     print(nbrs.stats())
