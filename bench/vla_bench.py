@@ -499,7 +499,7 @@ USER_PATH = [
     ("read_x_padded", "get loop x padded", 1.5, "{:.2f}"),
     ("fill_x_dynamic", "fill cycle x dynamic", 50.0, "{:.1f}"),
     ("read_x_dynamic", "get loop x dynamic", None, "{:.1f}"),
-    ("flat_fold_pct_copy_bw", "flat iteration (flat_reduce, 4 slots a thread) % copy BW", 40.0, "{:.0f}"),
+    ("flat_fold_pct_copy_bw", f"flat iteration (flat_reduce, {FLAT_FOLD} slots a thread) % copy BW", 40.0, "{:.0f}"),
     # memory: all the device memory the VLA holds (stats()["device_bytes"]: elements, metadata, the overflow area,
     # growth headroom and the work buffers it keeps, launch's snapshot among them)
     ("first_device_over_live", "memory/live after the first launch", -2.0, "{:.2f}"),
@@ -619,11 +619,11 @@ def copy_bandwidth(repeats, small, kernel_times=False):
 ROUND_KEYS = [("fill_kx_padded", "{:.2f}", "fill x padded"), ("read_kx_padded_best", "{:.2f}", "get loop x padded's best"),
               ("reduce_warp_kx_padded_best", "{:.2f}", "reduce_warp x padded's best read"),
               ("flat_read_kpct_copy_bw", "{:.0f}", "flat (strided) % copy BW"),
-              ("flat_fold_kpct_copy_bw", "{:.0f}", "flat fold4 % copy BW"), ("copy_kGBps", "{:.0f}", "copy GB/s")]
+              ("flat_fold_kpct_copy_bw", "{:.0f}", f"flat fold{FLAT_FOLD} % copy BW"), ("copy_kGBps", "{:.0f}", "copy GB/s")]
 ROUND_KEYS_WALL = [("fill_x_padded", "{:.2f}", "fill x padded"), ("read_x_padded_best", "{:.2f}", "get loop x padded's best"),
                    ("reduce_warp_x_padded_best", "{:.2f}", "reduce_warp x padded's best read"),
                    ("flat_read_pct_copy_bw", "{:.0f}", "flat (strided) % copy BW"),
-                   ("flat_fold_pct_copy_bw", "{:.0f}", "flat fold4 % copy BW"), ("copy_GBps", "{:.0f}", "copy GB/s")]
+                   ("flat_fold_pct_copy_bw", "{:.0f}", f"flat fold{FLAT_FOLD} % copy BW"), ("copy_GBps", "{:.0f}", "copy GB/s")]
 
 
 COLUMNS = [
@@ -634,7 +634,8 @@ COLUMNS = [
     ("read_kx_padded", "read x padded (device)", "{:.2f}"),
     ("read_kx_padded_best", "get loop x padded's best read (device)", "{:.2f}"),
     ("flat_read_kGBps", "flat GB/s (device)", "{:.0f}"), ("flat_read_kpct_copy_bw", "flat % copy BW (device)", "{:.0f}"),
-    ("flat_fold_kGBps", "fold4 GB/s (device)", "{:.0f}"), ("flat_fold_kpct_copy_bw", "fold4 % copy BW (device)", "{:.0f}"),
+    ("flat_fold_kGBps", f"fold{FLAT_FOLD} GB/s (device)", "{:.0f}"),
+    ("flat_fold_kpct_copy_bw", f"fold{FLAT_FOLD} % copy BW (device)", "{:.0f}"),
     ("reduce_warp_kms", "reduce_warp device ms", "{:.4f}"),
     ("reduce_warp_kx_padded", "reduce_warp x padded's reduce_warp (device)", "{:.2f}"),
     ("reduce_warp_kx_padded_best", "reduce_warp x padded's best read (device)", "{:.2f}"),
@@ -642,7 +643,7 @@ COLUMNS = [
     ("reduce_warp_x_padded_best", "reduce_warp x padded's best", "{:.2f}"),
     ("flat_read_ms", "flat read ms", "{:.3f}"), ("flat_read_GBps", "flat GB/s", "{:.0f}"),
     ("flat_read_pct_copy_bw", "flat % copy BW", "{:.0f}"),
-    ("flat_fold_ms", "fold4 ms", "{:.3f}"), ("flat_fold_pct_copy_bw", "fold4 % copy BW", "{:.0f}"),
+    ("flat_fold_ms", f"fold{FLAT_FOLD} ms", "{:.3f}"), ("flat_fold_pct_copy_bw", f"fold{FLAT_FOLD} % copy BW", "{:.0f}"),
     ("grow_lists", "lists grown", "{:,}"), ("grow_ms", "growth ms", "{:.2f}"),
     ("fill_x_padded", "fill x padded", "{:.2f}"), ("read_x_padded", "read x padded", "{:.2f}"),
     ("fill_x_dynamic", "fill x dynamic", "{:.1f}"), ("read_x_dynamic", "read x dynamic", "{:.1f}"),
