@@ -20,7 +20,7 @@ from app.sim.contacts import skipping
 from app.sim.diagnostics import check_body
 from app.sim.math3d import quat_mul_as, quat_to_mat_as
 from app.sim.solver_records import unpack_motion
-from app.sim.state import asleep
+from app.sim.state import HELD, asleep
 
 
 @ti.func
@@ -103,9 +103,12 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
         elif model.body_inv_mass[i] > 0.0:
             x = x + (v + mo.pv) * dt
             q, w = rotate_keeping_momentum(q, w, mo.pw, model.body_inv_inertia[i], dt)
-            # sleeping: slow for sleep_time (a woken body starts counting again)
+            # sleeping: slow for sleep_time (a woken body starts counting again). A held one (HELD) counts on, up
+            # to sleep_time: it may sleep next step, and it is not taken for one that slept through this step
+            # (app.sim.narrowphase._still: a clock past sleep_time by half a step)
             moving = v.norm() + w.norm() * model.body_radius[i] >= model.sleep_speed[None]
-            slow = ti.select(moving or state_in.body_woken[i] != 0, 0.0, ti.min(slow + dt, 2.0 * model.sleep_time[None]))
+            cap = ti.select(state_in.body_woken[i] == HELD, 1.0, 2.0) * model.sleep_time[None]
+            slow = ti.select(moving or state_in.body_woken[i] > 0, 0.0, ti.min(slow + dt, cap))
         elif model.body_kinematic[i] != 0:
             x, q, v, w = kinematic_step(model, i, x, q, dt)
         else:

@@ -317,11 +317,13 @@ class Simulation:
         self.state.body_slow_time.fill(0.0)
 
     def sleeping(self) -> np.ndarray:
-        """bool (N,), scene order: the bodies asleep (slow for sim.sleep_time) at the end of the last step."""
+        """bool (N,), scene order: the bodies asleep (slow for sim.sleep_time) at the end of the last step, but for
+        those an awake body held awake in it (app.sim.state.HELD)."""
         slow = self.to_scene_order(self.state.body_slow_time.to_numpy()[: self.body_count])
+        held = self.to_scene_order(self.state.body_woken.to_numpy()[: self.body_count]) < 0
         speed, limit = float(self.model.sleep_speed[None]), float(self.model.sleep_time[None])
         movable = self.to_scene_order(self.model.body_inv_mass.to_numpy()[: self.body_count]) > 0
-        return (slow >= limit) & movable & (speed > 0)
+        return (slow >= limit) & ~held & movable & (speed > 0)
 
     # ------------------------------------------------------------------ stepping
     # advance() reads back whether its steps' VLA commits sufficed every few steps (and at its end, and before a

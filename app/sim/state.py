@@ -32,8 +32,9 @@ class State:
         self.body_vel = ti.Vector.field(3, ti.f32, n)
         self.body_omega = ti.Vector.field(3, ti.f32, n)
         self.body_slow_time = ti.field(ti.f32, n)
-        # this step's wake-ups (1: a moving body touches this sleeping one): cleared by the broadphase, set by the
-        # narrowphase, read by the solver and the integrator of the same step; not state between steps
+        # this step's wake-ups (> 0: a moving body touches this sleeping one; app.sim.state.HELD: an awake one
+        # that does not wake it holds it awake, its clock running on): cleared by the broadphase, set by its wake pass
+        # and the narrowphase, read by the solver and the integrator of the same step; not state between steps
         self.body_woken = ti.field(ti.i32, n)
         self.woken_count = ti.field(ti.i32, 8)   # bodies each round of app.sim.broadphase.kernel_wake_touched woke
         # An external force on one body, applied in every step until cleared (Simulation.set_external_force: the
@@ -72,6 +73,10 @@ class State:
         return {name: getattr(self, name).to_numpy()[:count] for name in BODY_FIELDS}
 
 
+# state.body_woken of a sleeper-by-time that an awake body holds awake for the step (app.sim.broadphase.kernel_wake_touched)
+HELD = -1
+
+
 @ti.func
 def asleep_by_time(model, state, i):
     """Whether movable body i has been slower than model.sleep_speed for model.sleep_time (sleep_speed 0: never).
@@ -89,6 +94,7 @@ def moves_itself(model, i):
 
 @ti.func
 def asleep(model, state, i):
-    """Body i sleeps this step: asleep by time and not woken by a moving body touching it (the narrowphase decides,
-    so valid from the solver on). A sleeping body keeps still and counts as fixed for the bodies touching it."""
+    """Body i sleeps this step: asleep by time, and neither woken by a moving body touching it nor held awake by an
+    awake one (the wake pass and the narrowphase decide, so valid from the solver on). A sleeping body keeps still
+    and counts as fixed for the bodies touching it."""
     return asleep_by_time(model, state, i) and state.body_woken[i] == 0

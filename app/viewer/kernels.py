@@ -17,7 +17,7 @@ import taichi as ti
 from app.scene.schema import SHAPE_BOX, SHAPE_CAPSULE, SHAPE_CONVEX, SHAPE_SPHERE
 from app.sim.contacts import first_copy, record_normal
 from app.sim.math3d import quat_to_mat
-from app.sim.state import asleep_by_time
+from app.sim.state import asleep
 from app.viewer.upload import TRANSFORM_FLOATS, VERTEX_FLOATS
 
 vec3 = ti.types.vector(3, ti.f32)
@@ -44,9 +44,9 @@ def kernel_keys_contacts(body_shape: ti.template(), lists: ti.template(), list_b
 @ti.kernel
 def kernel_keys_sleep(body_shape: ti.template(), model: ti.template(), state: ti.template(), body_count: ti.i32,
                       buckets: ti.i32, body_key: ti.template()):
-    """body_key[i] = shape * buckets + (1 if body i sleeps else 0) (app.sim.state.asleep_by_time)."""
+    """body_key[i] = shape * buckets + (1 if body i slept in the last step else 0) (app.sim.state.asleep)."""
     for i in range(body_count):
-        body_key[i] = body_shape[i] * buckets + ti.select(asleep_by_time(model, state, i), 1, 0)
+        body_key[i] = body_shape[i] * buckets + ti.select(asleep(model, state, i), 1, 0)
 
 
 @ti.kernel

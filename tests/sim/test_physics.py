@@ -519,6 +519,29 @@ def test_a_settled_pile_sleeps_and_a_dropped_body_wakes_it(sim):
     assert sim.sleeping().all()
 
 
+def test_a_body_falls_asleep_only_with_the_bodies_it_touches(sim):
+    """A column of 4 boxes asleep; the top one's clock restarts (as a moving body's would). The box under it is held
+    awake (app.sim.state.HELD) and keeps its clock, so no sleeper, which counts as fixed, is left touching an awake
+    body; the two below sleep on. When the top box's clock runs out, the whole column sleeps again."""
+    h = 0.1
+    sim.load(scene_from_dict(_scene([_box([h, h, h], [0, h + 2 * h * k, 0]) for k in range(4)], [FLOOR])))
+    _run(sim, SLEEP_WITHIN_S)
+    assert sim.sleeping().all()
+    n = sim.body_count
+    height = sim.state.body_pos.to_numpy()[:n, 1]   # (storage order, as the clocks)
+    order = np.argsort(height)
+    clock = sim.state.body_slow_time.to_numpy()
+    clock[order[-1]] = 0.0
+    sim.state.body_slow_time.from_numpy(clock)
+    sim.step()
+    asleep = sim.sleeping()[np.argsort(sim.positions()[:, 1])]   # bottom up
+    assert asleep.tolist() == [True, True, False, False]
+    limit = float(sim.model.sleep_time[None])
+    assert sim.state.body_slow_time.to_numpy()[order[-2]] == np.float32(limit)   # held: counted on, not restarted
+    _run(sim, limit + 0.1)
+    assert sim.sleeping().all()
+
+
 def test_a_sleeping_stack_reports_its_contacts_depth(sim):
     """A frame's max_depth is the deepest contact of the step, also where every body sleeps and the contacts are
     carried over rather than computed (app.sim.narrowphase._copy_still_pair): the same depth as the contact
