@@ -156,7 +156,8 @@ def _static_order_start(model: ti.template()):
 # HELD): solved and integrated, its clock not restarted. So a body falls asleep only with the bodies it touches, and a
 # stack sleeps from its still parts inwards, never as sleepers scattered among awake bodies: a sleeper counts as fixed,
 # and scattered ones turned pyramid_100 violent (CPU: the clocks of a random 82% of its boxes restarted at step 150,
-# the other 919 asleep at step 250; 25 steps later 1,738 boxes over 0.05 m/s), where a clean boundary stands.
+# the other 919 asleep at step 250; 25 steps later 1,738 boxes over 0.05 m/s; held, they move as with sleeping off),
+# where a clean boundary stands.
 WAKE_ROUNDS = 4
 
 
