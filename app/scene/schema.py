@@ -49,7 +49,7 @@ SIM_DEFAULTS = {
     "resort_interval": 500,         # steps between re-sorts of large scenes' bodies in memory (0: never)
     "large_body_factor": 4.0,       # bodies above this x the median bounding radius skip the grid (0: none do)
     "load_path_ratio": 50.0,        # the load-path correction runs when the heaviest movable body is this x the lightest (0: always), and for stacks 8 deep (app.sim.load_paths.STACK_SHARE)
-    "sleep_speed": 0.05,            # m/s: a body slower than this (|v| + |w| r) for sleep_time sleeps (0: never)
+    "sleep_speed": 0.05,            # m/s: a body slower than this (|v| + |w| r) for sleep_time sleeps once no awake body touches it (0: never)
     "sleep_time": 0.5,              # s
 }
 
