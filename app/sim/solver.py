@@ -27,7 +27,8 @@ impact travels along chains of touching bodies), and position correction by spli
 "split impulse"): a separate pseudo-velocity solve removes position_correction * (depth - slop) per
 step and is discarded after integration, so correcting penetration adds no kinetic energy (a
 Baumgarte bias would make balls bounce higher than they fell). Last step's impulses warm-start this
-step (matched by other body and feature id); the narrowphase sets them, and each speculative target, once
+step (matched by other body and feature id; a pair whose manifold changed starts from the normal impulse it ended
+last step with: app.sim.narrowphase._pair_warm_scale); the narrowphase sets them, and each speculative target, once
 per pair when it appends the pair's two copies (app.sim.narrowphase._emit_contacts), and marks the bodies of
 contacts that collide for the impact pass.
 """
