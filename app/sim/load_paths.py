@@ -37,8 +37,9 @@ the supports do not feel it (stored in both copies for the warm start, with or w
 pushes, the pyramid kept moving at 0.3 m/s). A rocking body's pushes are averaged with its pulls, so noise is not
 rectified into a climb (lifting each point alone set a 12-level pyramid rising 0.14 m/s at its top). The base-100
 pyramid then stands: its top box 1.8 mm down and every box asleep at step 250, on the CPU and on an H100 (there 1.8 mm
-after 10,000 steps). Awake, it does not stand for good: it keeps still for some hundreds of steps and then sags in
-bursts (DEEP_STEP below).
+after 10,000 steps). Awake (sleeping off, CPU) it does not stand for good: every box stays under 0.01 m/s for about
+1,000 steps, then the pyramid creeps (its top box 14 mm down at 1,750 steps) and sags in bursts from about step
+2,400 (0.2 m/s; 37 mm at 5,000 steps).
 
 Gather as in the solver: thread i writes only body i's fields and its own records; sums in fixed point (the list
 order does not change the result)."""
@@ -76,7 +77,9 @@ LEVEL_LANES_CPU = 64
 # body and leaves through supports under the other (a box on two boxes of a pyramid): the deeper the path, the more
 # K_i falls short, and the full step overshoots. And the paths overlap: a residual low in a stack enters the G of
 # every body above it, and each of them corrects it again. At the full step a 40-level pyramid swung every other step
-# between free fall and its load. The step sets how long a deep stack stays calm while awake: pyramid_100 with
+# between free fall and its load. The step set how long a deep stack stayed calm while awake, when a contact point
+# that lost its warm-start match restarted from zero and set off bursts (app.sim.narrowphase._pair_warm_scale):
+# pyramid_100 with
 # sleeping off, its boxes moved by N(0, 10 um) at the start (three seeds, CPU), first had a box over 0.05 m/s at steps
 # 525, 700 and 500 at 0.5; past 1,000, past 1,000 and at 1,300 at 0.3; at 1,450 and 1,775 (two seeds) at 0.15; at
 # 225 without the deep step (0). Asleep at step 250, it stands (top box 0.9 mm down in pyramid_40 at 0.3 and at 0.5).
