@@ -75,12 +75,13 @@ WARM_FIXED_ONE = 2.0 ** 24
 
 @ti.func
 def _pair_warm_scale(lists: ti.template(), lp, other, flag, m, searched):
-    """(mean_old, scale) for a pair's warm start: its points matched by feature id start from their old normal
-    impulse times scale, the others from mean_old times scale, so that the pair starts from the normal impulse it
-    ended last step with (the sum over its old records in list lp) when its manifold's features or point count
-    change. A point that lost its match started from zero: in pyramid_100, four such points in a step left a box
-    under 60 levels short of its load, and the load-path correction spread the shortfall over every body above it.
-    Where nothing changed, scale is exactly 1 (the same fixed-point terms on both sides)."""
+    """(found, mean_old, scale) for a pair's warm start, found[q] the index of point q's old record in list lp (-1:
+    none). The points matched by feature id start from their old normal impulse times scale, the others from
+    mean_old times scale, so that the pair starts from the normal impulse it ended last step with (the sum over its
+    old records in list lp) when its manifold's features or point count change. A point that lost its match and
+    started from zero left, in pyramid_100, a box under 60 levels short of its load for a step, and the load-path
+    correction spread the shortfall over every body above it. Where nothing changed, scale is exactly 1 (the same
+    fixed-point terms on both sides)."""
     old_sum = ti.cast(0, ti.i64)
     if searched:
         for k in range(lists.length(lp)):
@@ -88,10 +89,12 @@ def _pair_warm_scale(lists: ti.template(), lp, other, flag, m, searched):
                 old_sum += ti.cast(lists.get_member(lp, k, "impulse_n") * WARM_FIXED_ONE, ti.i64)
     matched_sum = ti.cast(0, ti.i64)
     matched = 0
+    found = ti.Vector([-1, -1, -1, -1])
     for q in range(m.count):
         p = -1
         if searched:
             p = _find_key(lists, lp, other, m.feature[q] | flag)
+        found[q] = p
         if p >= 0:
             matched_sum += ti.cast(lists.get_member(lp, p, "impulse_n") * WARM_FIXED_ONE, ti.i64)
             matched += 1
@@ -102,7 +105,7 @@ def _pair_warm_scale(lists: ti.template(), lp, other, flag, m, searched):
     scale = 1.0
     if matched < m.count or old_sum != matched_sum:
         scale = ti.select(base_total > 0.0, old_total / base_total, 0.0)
-    return mean_old, scale
+    return found, mean_old, scale
 
 
 @ti.func
@@ -788,7 +791,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
         first_j = 0
         if j >= 0:
             first_j = lists.append_n(base + j, m.count)
-        mean_old, scale = _pair_warm_scale(lists, lp, key, flag, m, searched)
+        found, mean_old, scale = _pair_warm_scale(lists, lp, key, flag, m, searched)
         for q in range(m.count):
             point = ti.Vector([m.point[q, 0], m.point[q, 1], m.point[q, 2]])
             depth = m.depth[q]
@@ -808,9 +811,7 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                     contacts.impact_dirty[0, j] = 1
                 contacts.impact_any[None] = 1
             c = ti.Vector([0.0, 0.0])   # copy i's friction impulse, along its tangents
-            p = -1
-            if searched:
-                p = _find_key(lists, lp, key, m.feature[q] | flag)
+            p = found[q]
             jn = warm * mean_old * scale   # (a point new to the pair: its share of what the pair carried)
             if p >= 0:
                 jn = warm * lists.get_member(lp, p, "impulse_n") * scale
