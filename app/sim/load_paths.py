@@ -79,10 +79,9 @@ LEVEL_LANES_CPU = 64
 # every body above it, and each of them corrects it again. At the full step a 40-level pyramid swung every other step
 # between free fall and its load. The step set how long a deep stack stayed calm while awake, when a contact point
 # that lost its warm-start match restarted from zero and set off bursts (app.sim.narrowphase._pair_warm_scale):
-# pyramid_100 with
-# sleeping off, its boxes moved by N(0, 10 um) at the start (three seeds, CPU), first had a box over 0.05 m/s at steps
-# 525, 700 and 500 at 0.5; past 1,000, past 1,000 and at 1,300 at 0.3; at 1,450 and 1,775 (two seeds) at 0.15; at
-# 225 without the deep step (0). Asleep at step 250, it stands (top box 0.9 mm down in pyramid_40 at 0.3 and at 0.5).
+# pyramid_100 with sleeping off, its boxes moved by N(0, 10 um) at the start (three seeds, CPU), first had a box over
+# 0.05 m/s at steps 525, 700 and 500 at 0.5; past 1,000, past 1,000 and at 1,300 at 0.3; at 1,450 and 1,775 (two
+# seeds) at 0.15; at 225 without the deep step (0). Asleep at step 250, it stands (top box 0.9 mm down in pyramid_40 at 0.3 and at 0.5).
 # A stack of three boxes takes the full step: the heavy top box on light ones settles faster.
 SHALLOW = 4
 DEEP_STEP = 0.3

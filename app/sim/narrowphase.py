@@ -58,17 +58,6 @@ def _material_of(model: ti.template(), body_or_plane):
     return m
 
 
-@ti.func
-def _find_key(lists: ti.template(), lp, other, feature):
-    """Index of the first record of list lp with key (other, feature), or -1. No break: the compares do not
-    wait on one another."""
-    found = -1
-    for q in range(lists.length(lp)):
-        hit = lists.get_member(lp, q, "other") == other and feature_key(lists.get_member(lp, q, "feature")) == feature
-        found = ti.select(found < 0 and hit, q, found)
-    return found
-
-
 # Fixed-point unit of _pair_warm_scale's sums (N s): they do not depend on the order of the old list.
 WARM_FIXED_ONE = 2.0 ** 24
 
@@ -82,22 +71,22 @@ def _pair_warm_scale(lists: ti.template(), lp, other, flag, m, searched):
     started from zero left, in pyramid_100, a box under 60 levels short of its load for a step, and the load-path
     correction spread the shortfall over every body above it. Where nothing changed, scale is exactly 1 (the same
     fixed-point terms on both sides)."""
+    # one pass over last step's list: the pair's old records, their sum, and each point's first record with its key
+    # (other body, feature id); no break, so the compares do not wait on one another
     old_sum = ti.cast(0, ti.i64)
-    if searched:
-        for k in range(lists.length(lp)):
-            if lists.get_member(lp, k, "other") == other:
-                old_sum += ti.cast(lists.get_member(lp, k, "impulse_n") * WARM_FIXED_ONE, ti.i64)
     matched_sum = ti.cast(0, ti.i64)
     matched = 0
     found = ti.Vector([-1, -1, -1, -1])
-    for q in range(m.count):
-        p = -1
-        if searched:
-            p = _find_key(lists, lp, other, m.feature[q] | flag)
-        found[q] = p
-        if p >= 0:
-            matched_sum += ti.cast(lists.get_member(lp, p, "impulse_n") * WARM_FIXED_ONE, ti.i64)
-            matched += 1
+    for k in range(ti.select(searched, lists.length(lp), 0)):
+        if lists.get_member(lp, k, "other") == other:
+            impulse = ti.cast(lists.get_member(lp, k, "impulse_n") * WARM_FIXED_ONE, ti.i64)
+            old_sum += impulse
+            key = feature_key(lists.get_member(lp, k, "feature"))
+            for q in ti.static(range(4)):
+                if q < m.count and found[q] < 0 and key == (m.feature[q] | flag):
+                    found[q] = k
+                    matched_sum += impulse
+                    matched += 1
     old_total = ti.cast(old_sum, ti.f32) / WARM_FIXED_ONE
     mean_old = ti.select(matched > 0, ti.cast(matched_sum, ti.f32) / WARM_FIXED_ONE / ti.max(matched, 1),
                          old_total / ti.max(m.count, 1))
