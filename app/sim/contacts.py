@@ -361,6 +361,10 @@ class ContactSet:
         solver kernels do nothing while it is set (`skipping`), so that the steps launched after a failed one,
         before the host reads it, leave the state and last step's contacts as the redo needs them
         (app.sim.simulation.Simulation.advance).
+    normal_warm: 0-d f32, the fraction of last step's normal impulse (times sim.warm_start) a support contact (its
+        normal within app.sim.load_paths.SUPPORT_COS of up) starts from (app.sim.narrowphase._emit_contacts): 1, or
+        app.sim.load_paths.NORMAL_WARM while the load-path correction runs (the solver sets it:
+        JacobiSolver._switch_load_paths).
     """
 
     def __init__(self, kind: str, body_capacity: int, max_per_body: int = 32, pool_per_body: float = 1.0):
@@ -376,6 +380,8 @@ class ContactSet:
         self.impact_dirty = ti.field(ti.i32, (2, self.body_capacity))
         self.impact_active = ti.field(ti.i32, self.body_capacity)
         self.impact_any = ti.field(ti.i32, ())
+        self.normal_warm = ti.field(ti.f32, ())
+        self.normal_warm[None] = 1.0
 
     @ti.func
     def skipping(self):

@@ -31,6 +31,7 @@ from app.sim.convex import (clip_polygon, collide_capsule_poly, collide_hull_pla
 from app.sim.contacts import SECOND_COPY, ContactRecord, copy_normal, feature_key, with_place
 from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat_to_mat, sign_nz, tangent_coords,
                          tangent_vector)
+from app.sim.load_paths import SUPPORT_COS
 from app.sim.manifold import EDGE_ABS_TOL, EDGE_REL_TOL, manifold_add, manifold_empty, plane_accepts
 from app.sim.state import asleep_by_time, moves_itself
 
@@ -743,6 +744,11 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
         # (mirrored), from one key search.
         g = model.gravity[None]
         warm = model.warm_start[None]
+        # a support contact (its normal within SUPPORT_COS of up) starts from contacts.normal_warm of its normal
+        # impulse, the others from all of it (app.sim.load_paths.NORMAL_WARM)
+        g_len = g.norm()
+        up = -g / ti.max(g_len, 1e-30)
+        leak = ti.select(g_len > 0.0, contacts.normal_warm[None], 1.0)
         threshold = model.restitution_threshold[None]
         inv_i = model.body_inv_mass[i]
         xi = state.body_pos[i]
@@ -801,9 +807,10 @@ def _emit_contacts(model: ti.template(), state: ti.template(), lists: ti.templat
                 contacts.impact_any[None] = 1
             c = ti.Vector([0.0, 0.0])   # copy i's friction impulse, along its tangents
             p = found[q]
-            jn = warm * mean_old * scale   # (a point new to the pair: its share of what the pair carried)
+            warm_n = warm * ti.select(ti.abs(n.dot(up)) >= SUPPORT_COS, leak, 1.0)
+            jn = warm_n * mean_old * scale   # (a point new to the pair: its share of what the pair carried)
             if p >= 0:
-                jn = warm * lists.get_member(lp, p, "impulse_n") * scale
+                jn = warm_n * lists.get_member(lp, p, "impulse_n") * scale
                 # last step's friction impulse, back in 3-D from its own basis (as seen by i); the tangent
                 # plane turned a little since: keep the in-plane part
                 o1, o2 = contact_tangents(copy_normal(lists.get_member(lp, p, "normal_code"), m.feature[q] | flag))

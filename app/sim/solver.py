@@ -38,7 +38,7 @@ import taichi as ti
 
 from app.sim.contacts import first_copy, pair_place, record_normal, skipping
 from app.sim.integrator import kernel_integrate
-from app.sim.load_paths import PASS_CHUNK, LoadPaths, StackProbe
+from app.sim.load_paths import NORMAL_WARM, PASS_CHUNK, LoadPaths, StackProbe
 from app.sim.state import asleep
 from app.sim.math3d import contact_tangents, quat_to_mat, tangent_coords, tangent_vector, world_inv_inertia
 from app.sim.solver_records import (BODY_WORDS, MOTION_WORDS, Motion, SolverBody, pack_body, pack_motion,
@@ -560,9 +560,10 @@ class JacobiSolver:
     iterations: host int, runtime (sim.solver_iterations; the viewer may change it).
     """
 
-    def __init__(self, model, diagnostics, iterations: int = 10):
+    def __init__(self, model, diagnostics, iterations: int = 10, normal_warm=None):
         self.model = model
         self.diagnostics = diagnostics
+        self.normal_warm = normal_warm   # (the contact set's 0-d field: ContactSet.normal_warm)
         self.iterations = int(iterations)
         n = model.body_capacity
         self.motion = MOTION_WORDS.store_dtype.field(shape=(2, n))   # packed Motion (pack_motion)
@@ -575,6 +576,7 @@ class JacobiSolver:
         self.deep_stacks = False   # stacks of PASS_CHUNK bodies or more (StackProbe.deep)
         self.stack_probe = None
         self.probed = False   # a step launched since the last check probed the stacks (read it: after_check)
+        self._warm_set = False   # normal_warm written for the current use_load_paths
 
     def set_mass_range(self, masses, ratio: float):
         """The masses (kg) of the movable bodies and sim.load_path_ratio: the load-path correction runs when the
@@ -597,7 +599,11 @@ class JacobiSolver:
             self.load_paths.deepening = True
 
     def _switch_load_paths(self):
-        self.use_load_paths = self.mass_spread or self.deep_stacks
+        use = self.mass_spread or self.deep_stacks
+        if self.normal_warm is not None and (use != self.use_load_paths or not self._warm_set):
+            self.normal_warm[None] = NORMAL_WARM if use else 1.0
+            self._warm_set = True
+        self.use_load_paths = use
         if self.use_load_paths and self.load_paths is None:
             self.load_paths = LoadPaths(self.model.body_capacity)
 
