@@ -36,10 +36,9 @@ along up, in velocity and in pseudo velocity apart, never down and never turning
 the supports do not feel it (stored in both copies for the warm start, with or without pulls down to what a contact
 pushes, the pyramid kept moving at 0.3 m/s). A rocking body's pushes are averaged with its pulls, so noise is not
 rectified into a climb (lifting each point alone set a 12-level pyramid rising 0.14 m/s at its top). The base-100
-pyramid then stands: its top box 1.8 mm down and every box asleep at step 250, on the CPU and on an H100 (there 1.8 mm
-after 10,000 steps). Awake (sleeping off, CPU) it does not stand for good: every box stays under 0.01 m/s for about
-1,000 steps, then the pyramid creeps (its top box 14 mm down at 1,750 steps) and sags in bursts from about step
-2,400 (0.2 m/s; 37 mm at 5,000 steps).
+pyramid then stands: its top box 1.8 mm down and every box asleep at step 250, on the CPU and on an H200 (there 1.8 mm
+after 10,000 steps). Awake (sleeping off, CPU) every box stays under 0.03 m/s for 3,000 steps while its top box
+creeps down, 11.3 mm by then (NORMAL_WARM).
 
 Gather as in the solver: thread i writes only body i's fields and its own records; sums in fixed point (the list
 order does not change the result)."""

@@ -558,12 +558,14 @@ class JacobiSolver:
         world-frame inverse inertia, contact count and friction of each body at the start of the step
         (kernel_prepare).
     iterations: host int, runtime (sim.solver_iterations; the viewer may change it).
+    normal_warm: the contact set's 0-d field (ContactSet.normal_warm), which the solver sets to
+        app.sim.load_paths.NORMAL_WARM while the load-path correction runs and to 1 otherwise; None: not set.
     """
 
     def __init__(self, model, diagnostics, iterations: int = 10, normal_warm=None):
         self.model = model
         self.diagnostics = diagnostics
-        self.normal_warm = normal_warm   # (the contact set's 0-d field: ContactSet.normal_warm)
+        self.normal_warm = normal_warm
         self.iterations = int(iterations)
         n = model.body_capacity
         self.motion = MOTION_WORDS.store_dtype.field(shape=(2, n))   # packed Motion (pack_motion)
