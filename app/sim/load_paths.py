@@ -91,7 +91,8 @@ DEEP_STEP = 0.3
 # further along x than the one under it (sleeping off), breathed, their impulses swinging between 0 and 5 times the
 # load over about 25 steps, and the heavy box hopped 1.9 mm, the boxes up to 0.18 m/s; at 0.98 they rest (0.05 m/s at
 # most, no rise; 0.99 still hopped). Awake pyramid_100 (CPU) stays calm for 3,000 steps where at 1.0 it breathed from
-# step 600 (0.055 m/s at step 1,200) and sagged in bursts. The cost, in a pile 15 bodies deep with the correction
+# step 600 (0.055 m/s at step 1,200) and sagged in bursts; awake pyramid_40 ends 3,000 steps 3.5 mm down, its fastest
+# box at 1.5e-3 m/s (9.1 mm and 0.023 m/s at 1.0). The cost, in a pile 15 bodies deep with the correction
 # forced on: the median body moves at 4-6 mm/s instead of 2-3, and fewer sleep. Other contacts, and every contact
 # without the correction, start from all of it: so leaking, that pile without the correction kept sinking (its median
 # body at 0.045 m/s). Damping the friction's warm start instead made the stack hop higher.
