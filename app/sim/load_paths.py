@@ -93,7 +93,7 @@ DEEP_STEP = 0.3
 # most, no rise; 0.99 still hopped). Awake pyramid_100 (CPU) stays calm for 3,000 steps where at 1.0 it breathed from
 # step 600 (0.055 m/s at step 1,200) and sagged in bursts; awake pyramid_40 ends 3,000 steps 3.5 mm down, its fastest
 # box at 1.5e-3 m/s (9.1 mm and 0.023 m/s at 1.0). The cost, in a pile 15 bodies deep with the correction
-# forced on: the median body moves at 4-6 mm/s instead of 2-3, and fewer sleep. Other contacts, and every contact
+# forced on: the median body moves at 3-6 mm/s instead of 2-3, and fewer sleep. Other contacts, and every contact
 # without the correction, start from all of it: so leaking, that pile without the correction kept sinking (its median
 # body at 0.045 m/s). Damping the friction's warm start instead made the stack hop higher.
 NORMAL_WARM = 0.98
