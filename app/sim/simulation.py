@@ -159,7 +159,7 @@ class Simulation:
         state = State(capacity)
         diagnostics = Diagnostics()
         contacts = ContactSet(self.contacts_kind, capacity, max_per_body=int(self._padded))
-        solver = JacobiSolver(model, diagnostics, scene.sim["solver_iterations"], contacts.normal_warm)
+        solver = JacobiSolver(model, diagnostics, contacts.normal_warm, scene.sim["solver_iterations"])
         grid = Grid(capacity, hull_class=hulls > 0, static_cells=static_cells or has_static_bodies(scene.bodies)
                     or getattr(getattr(self, "grid", None), "has_static", False))
         reorder = Reorder(capacity)

@@ -558,11 +558,11 @@ class JacobiSolver:
         world-frame inverse inertia, contact count and friction of each body at the start of the step
         (kernel_prepare).
     iterations: host int, runtime (sim.solver_iterations; the viewer may change it).
-    normal_warm: the contact set's 0-d field (ContactSet.normal_warm), which the solver sets to
-        app.sim.load_paths.NORMAL_WARM while the load-path correction runs and to 1 otherwise; None: not set.
+    normal_warm: the contact set's 0-d field (ContactSet.normal_warm, 1 when made, as the correction is off), which
+        the solver sets to app.sim.load_paths.NORMAL_WARM while the load-path correction runs and back to 1.
     """
 
-    def __init__(self, model, diagnostics, iterations: int = 10, normal_warm=None):
+    def __init__(self, model, diagnostics, normal_warm, iterations: int = 10):
         self.model = model
         self.diagnostics = diagnostics
         self.normal_warm = normal_warm
@@ -578,7 +578,6 @@ class JacobiSolver:
         self.deep_stacks = False   # stacks of PASS_CHUNK bodies or more (StackProbe.deep)
         self.stack_probe = None
         self.probed = False   # a step launched since the last check probed the stacks (read it: after_check)
-        self._warm_set = False   # normal_warm written for the current use_load_paths
 
     def set_mass_range(self, masses, ratio: float):
         """The masses (kg) of the movable bodies and sim.load_path_ratio: the load-path correction runs when the
@@ -602,9 +601,8 @@ class JacobiSolver:
 
     def _switch_load_paths(self):
         use = self.mass_spread or self.deep_stacks
-        if self.normal_warm is not None and (use != self.use_load_paths or not self._warm_set):
+        if use != self.use_load_paths:
             self.normal_warm[None] = NORMAL_WARM if use else 1.0
-            self._warm_set = True
         self.use_load_paths = use
         if self.use_load_paths and self.load_paths is None:
             self.load_paths = LoadPaths(self.model.body_capacity)
