@@ -72,4 +72,11 @@ if __name__ == "__main__":
 
     terminate_as_exception()   # SIGTERM ends a run as Ctrl-C does, with its outputs written or marked (exit 143)
     die_with_parent()          # a batch's worker: ends with its driver
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):
+        # Ended by a signal, its outputs written: its one line stays the last. Taichi's exit handlers are skipped: they
+        # write its kernel cache, and print a warning after that line when another process holds the cache's lock.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
