@@ -7,17 +7,19 @@ Four loops over the same scene, after `--warmup` untimed frames (kernel compilat
 frame each (a landing pile's steps grow slower as its contacts grow: each loop sees the same stretch of it):
 
 * sim: `sim.step_frame()` alone (substeps steps), synchronised: the ceiling the viewer can reach.
-* render: the viewer alone on a frozen state: instance-transform kernels + GGUI draw + frame capture.
-* sim+render: both per frame (all substeps), what `--headless --render` does.
+* render: the viewer alone on a frozen state: instance-transform kernels + GGUI draw + the frame's end.
+* sim+render: both per frame (all substeps).
 * paced: the interactive window's loop: each frame runs the steps app.viewer.pacing.FramePacer gives it (the
   camera keeps its frame rate when the simulation is slow), then renders; reports the steps a frame and the
   real-time factor.
 
-Offscreen, a frame is finished by capturing it (GGUI's `show()` needs a visible window), so "render"
-includes reading the image back (width x height x 16 bytes); the interactive window presents instead. A second
-table splits the render frame: the viewer's kernels and the frame's copy to the host (update), GGUI's draw calls
-(declare: each uploads its data), and the capture (rasterising and reading back), against the capture of a
-frame with nothing declared (empty frame): render minus empty frame is what drawing the bodies costs.
+Offscreen, GGUI rasterises a frame only when something ends it (`show()` needs a visible window, which presents
+instead): the loops end each frame as cheaply as GGUI allows, by copying its depth buffer to a device array
+(OffscreenView.finish; no image comes back). A second table splits the render frame: the viewer's kernels and the
+frame's copy to the host (update), GGUI's draw calls (declare: each uploads its data), the end (rasterising and
+the depth copy), against the end of a frame with nothing declared (empty frame): render minus empty frame is what
+drawing the bodies costs. Its last row is the frame declared and read back as an image instead (capture: what
+`--headless --render` and `--video` pay a frame).
 Results: a table on stdout, and viewer.json / viewer.md in --out when given.
 """
 from __future__ import annotations
@@ -82,11 +84,11 @@ def main(argv=None) -> int:
         sim.step_frame()
 
     def render_only():
-        view.render()
+        view.draw()
 
     def both():
         sim.step_frame()
-        view.render()
+        view.draw()
 
     pacer = FramePacer(sim.substeps)
     paced_count = [0]
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
             ti.sync()
             pacer.stepped(n, (time.perf_counter() - t0) * 1e3)
         t1 = time.perf_counter()
-        view.render()
+        view.draw()
         ti.sync()
         pacer.drew((time.perf_counter() - t1) * 1e3)
         paced_count[0] += n
@@ -112,12 +114,18 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         view.declare()
         t2 = time.perf_counter()
-        view.capture()
+        view.finish()
+        ti.sync()
         t3 = time.perf_counter()
         view.declare(empty=True)
-        view.capture()
+        view.finish()
+        ti.sync()
         t4 = time.perf_counter()
-        for key, a, b in (("update", t0, t1), ("declare", t1, t2), ("capture", t2, t3), ("empty frame", t3, t4)):
+        view.declare()
+        view.capture()
+        t5 = time.perf_counter()
+        for key, a, b in (("update", t0, t1), ("declare", t1, t2), ("end", t2, t3), ("empty frame", t3, t4),
+                          ("declare + capture", t4, t5)):
             parts.setdefault(key, []).append((b - a) * 1e3)
 
     for _ in range(args.warmup):
