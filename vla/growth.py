@@ -206,6 +206,15 @@ def _k_target_trim(v: ti.template(), target: _i32_nd):
 
 
 @ti.kernel
+def _k_chunks_needed(v: ti.template()) -> ti.i32:
+    """Pool chunks the lists' current lengths need (what trim() keeps)."""
+    total = 0
+    for i in range(v.num_arrays):
+        total += ti.min(v._chunks_of(i), v._chunks_for(v.length_field[i]))
+    return total
+
+
+@ti.kernel
 def _k_target_keep(v: ti.template(), moved: _i32_nd, target: _i32_nd):
     for i in range(v.num_arrays):
         target[i] = ti.max(moved[i], v._chunks_of(i))
@@ -442,18 +451,32 @@ class Growth:
         self._lost = 0
         self._known_empty = True
 
-    def trim(self):
+    def trim(self, slack=None) -> bool:
         """Compact the pool, release every chunk the current lengths do not need, shrink the overflow area back to
-        its initial size and free the kept work buffers (allocated again when next needed)."""
+        its initial size and free the kept work buffers (allocated again when next needed). Returns True.
+
+        slack (a number > 1): the lazy release. Only when the pool holds more than `slack` times what the current
+        lengths need with the pool's growth headroom (1.1-1.2x), or than the pool the VLA was made with (reserve=),
+        and then keeping the larger of the two, so that lists refilled to about the same lengths do not grow the
+        pool again at once. For lists refilled again and again, whose capacity creeps up with the peaks they met
+        (a simulator's contact lists): a caller may ask as often as it likes, as each time it finds nothing to
+        release costs a commit, one reduction and one read. Returns whether it released."""
         self.commit()
+        if slack is not None:
+            if not slack > 1.0:
+                raise ValueError(f"VLA {self.name!r}.trim: slack must be > 1, got {slack!r}")
+            fit = max(bucket(int(_k_chunks_needed(self)) * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE), self._default_pool)
+            if self._caps["pool_chunks"] <= slack * fit:
+                return False
         target = self._scratch_nd("target", self.num_arrays)
         _k_target_trim(self, target)
-        self._relayout(target, shrink=True)
+        self._relayout(target, shrink=True, headroom=slack is not None)
         self._release_transient_scratch()
         self._shrink_overflow(self._default_ovf)
         self._overflow_given_back = False
         self._scratch.clear()
         self._scanner.release()
+        return True
 
     def _shrink_overflow(self, cap) -> bool:
         """Give the overflow area back down to `cap` slots (never below its initial size) when it is larger; True if
@@ -728,11 +751,12 @@ class Growth:
             self._scratch.pop("held", None)
         self._release_transient_scratch()
 
-    def _relayout(self, target, shrink):
+    def _relayout(self, target, shrink, headroom=False):
         """Compact the pool: target[i] chunks for list i, in list order, keeping every list's data (up to target[i]
-        chunks). The pool grows (to 1.1-1.2x the demand) if less than ~10% of it would stay free, or shrinks to fit
-        if asked. Each growth copies the whole store: a pool whose demand keeps rising re-lays itself out about
-        every 10% of growth (more often than with x1.5 steps, for less memory)."""
+        chunks). The pool grows (to 1.1-1.2x the demand) if less than ~10% of it would stay free, or shrinks if
+        asked: to fit, or with headroom to 1.1-1.2x the demand (at least the pool it was made with). Each growth
+        copies the whole store: a pool whose demand keeps rising re-lays itself out about every 10% of growth (more
+        often than with x1.5 steps, for less memory)."""
         n = self.num_arrays
         self.compact_events += 1
         new_start = self._scratch_nd("new_start", n + 1)
@@ -742,7 +766,9 @@ class Growth:
         cs = self.chunk_size
         cap = self._caps["pool_chunks"]
         # Grow before the pool is full, so that a compaction leaves room for the growths that follow.
-        regrow = total > cap or (shrink and total < cap) or (not shrink and total * POOL_HEADROOM > cap)
+        roomy = bucket(total * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE)
+        fit = max(roomy, self._default_pool) if headroom else total
+        regrow = total > cap or (shrink and fit < cap) or (not shrink and total * POOL_HEADROOM > cap)
         # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
         tmp_base = self._n_inline if regrow else 0
         if n_old and total:
@@ -753,7 +779,7 @@ class Growth:
         if regrow and tmp_base:
             _k_inline_to_tmp(self)
         if regrow:
-            cap = max(1, total if shrink else bucket(total * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE))
+            cap = max(1, fit if shrink else roomy)
             self._regrow("store", self._store_dtype, self._n_inline + cap * cs)
             self._regrow("table_owner", ti.i32, self._owner_len(cap))
             self._caps["pool_chunks"] = cap

@@ -794,6 +794,37 @@ def test_trim_releases_and_keeps_contents():
     assert lists[4] == sorted([12, 13, 14] + list(range(4, 160, 16)))
 
 
+def test_trim_with_slack_releases_what_lists_refilled_lower_leave_unused():
+    # The lazy release, trim(slack): lists that met a peak and are refilled lower give their chunks back, the pool
+    # keeping its growth headroom (1.1-1.2x what the lengths need, at least the pool it was made with); every element
+    # stays in its list, in order; asked again it finds nothing to release, and a refill to the same lengths grows
+    # nothing. Under the slack it moves nothing.
+    n = 64
+    v = VLA(n, ti.i32, inline_capacity=2, chunk_size=4, reserve=40, name="lazy")
+    launch(k_fill_mod, v, n * 40)   # the peak: 40 a list
+    v.clear_all()
+    launch(k_fill_mod, v, n * 6)    # then 6 a list: 2 inline and one chunk
+    before = v.stats()
+    assert before["pool_chunks_total"] > 10 * n
+    assert v.trim(slack=1.25)
+    after = v.stats()
+    assert n <= after["pool_chunks_total"] <= 1.2 * n + 1   # one chunk a list, with the headroom (rounded up)
+    released = (before["pool_chunks_total"] - after["pool_chunks_total"]) * 4 * 4   # chunks of 4 int32
+    assert before["reserved_bytes"] - after["reserved_bytes"] >= released
+    assert sorted_lists(v) == [list(range(i, 6 * n, n)) for i in range(n)]
+    assert not v.trim(slack=1.25)
+    assert v.stats()["compact_events"] == after["compact_events"]
+    v.clear_all()
+    launch(k_fill_mod, v, n * 6)
+    assert v.stats()["overflow_events"] == after["overflow_events"]   # nothing had to grow
+    with pytest.raises(ValueError, match="slack"):
+        v.trim(slack=1.0)
+    # the pool it was made with is kept: emptied, the lists release down to it, no further
+    v.clear_all()
+    assert v.trim(slack=1.25)
+    assert v.stats()["pool_chunks_total"] == 10   # reserve=40: 10 chunks
+
+
 def test_permute_moves_lists_with_their_capacity():
     # permute(order, first, count): list first + k becomes list first + order[k], elements and chunks: the
     # same contents as a Python reference, nothing allocated, and refilling every list to its old length in
