@@ -174,7 +174,8 @@ class VLA(Addressing, Appending, Growth, Iteration, Transfer):
 
         self._alloc("store", self._store_dtype, self._n_inline + pool_chunks * self.chunk_size)
         self._caps["pool_chunks"] = pool_chunks
-        self._default_pool = pool_chunks   # (what reserve= asked for: the lazy release, trim(slack), keeps it)
+        # what reserve= asked for, in elements (the chunk size may change): the lazy release, trim(slack), keeps it
+        self._reserved_elements = pool_chunks * self.chunk_size
         self._alloc("table_owner", ti.i32, self._owner_len(pool_chunks))
         # (its own tree: a VLA that settles into runs="ordered" gives it back)
         self._alloc("table_chunks", ti.i32, 1 if ordered else n)

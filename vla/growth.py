@@ -465,7 +465,7 @@ class Growth:
         if slack is not None:
             if not slack > 1.0:
                 raise ValueError(f"VLA {self.name!r}.trim: slack must be > 1, got {slack!r}")
-            fit = max(bucket(int(_k_chunks_needed(self)) * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE), self._default_pool)
+            fit = max(bucket(int(_k_chunks_needed(self)) * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE), self._reserved_pool())
             if self._caps["pool_chunks"] <= slack * fit:
                 return False
         target = self._scratch_nd("target", self.num_arrays)
@@ -477,6 +477,10 @@ class Growth:
         self._scratch.clear()
         self._scanner.release()
         return True
+
+    def _reserved_pool(self) -> int:
+        """The pool chunks reserve= asked for, in the current chunk size."""
+        return -(-self._reserved_elements // self.chunk_size)
 
     def _shrink_overflow(self, cap) -> bool:
         """Give the overflow area back down to `cap` slots (never below its initial size) when it is larger; True if
@@ -767,7 +771,7 @@ class Growth:
         cap = self._caps["pool_chunks"]
         # Grow before the pool is full, so that a compaction leaves room for the growths that follow.
         roomy = bucket(total * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE)
-        fit = max(roomy, self._default_pool) if headroom else total
+        fit = max(roomy, self._reserved_pool()) if headroom else total
         regrow = total > cap or (shrink and fit < cap) or (not shrink and total * POOL_HEADROOM > cap)
         # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
         tmp_base = self._n_inline if regrow else 0
