@@ -196,9 +196,15 @@ def summarize(rows) -> list:
     return out
 
 
+def _times_live(r) -> str:
+    """' (Nx)': the contact storage's bytes over its live records' (empty when nothing is live)."""
+    live = r.get("contact_live_bytes", 0)
+    return f" ({r['contact_reserved_bytes'] / live:.2f}x)" if live else ""
+
+
 def _table(rows) -> str:
     out = ["| scene | bodies | storage | ms/step | with resorts: ms/step (resort ms / interval) | steps/s | contacts | "
-           "contact memory (MiB) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) | "
+           "contact memory MiB (x live records) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) | "
            "top body moved (m) | fastest body at the end (m/s) | asleep at the end |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded" and "error" not in r}
@@ -217,7 +223,8 @@ def _table(rows) -> str:
         resort = "no resorts" if not r.get("resort_interval") else \
             f"{r['ms_per_step_with_resort']:.2f} ({r['resort_ms']:.1f} / {r['resort_interval']})"
         out.append(f"| {r['scene']} | {r['bodies']} | {r['storage']} | {ms} | {resort} | "
-                   f"{r['steps_per_second']:.1f} | {r['contacts_at_end']} | {r['contact_reserved_bytes'] / 2**20:.1f} | "
+                   f"{r['steps_per_second']:.1f} | {r['contacts_at_end']} | {r['contact_reserved_bytes'] / 2**20:.1f}"
+                   f"{_times_live(r)} | "
                    f"{speed} | {mem} | {r['padded_overflow']} / {r.get('padded_overflow_timed', '-')} | "
                    f"{r.get('top_drift_m', float('nan')):.4f} | {r.get('max_speed_end', float('nan')):.2e} | "
                    f"{r.get('asleep_at_end', '-')} |")
