@@ -204,7 +204,8 @@ def _times_live(r) -> str:
 
 def _table(rows) -> str:
     out = ["| scene | bodies | storage | ms/step | with resorts: ms/step (resort ms / interval) | steps/s | contacts | "
-           "contact memory MiB (x live records) | vs padded: speed | vs padded: memory | dropped (whole run / timed steps) | "
+           "contact memory MiB (x live records) | vs padded: speed | vs padded: memory | "
+           "dropped (whole run / timed steps) | "
            "top body moved (m) | fastest body at the end (m/s) | asleep at the end |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     padded = {(r["scene"], r["bodies"]): r for r in rows if r["storage"] == "padded" and "error" not in r}

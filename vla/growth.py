@@ -465,8 +465,7 @@ class Growth:
         if slack is not None:
             if not slack > 1.0:
                 raise ValueError(f"VLA {self.name!r}.trim: slack must be > 1, got {slack!r}")
-            fit = max(bucket(int(_k_chunks_needed(self)) * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE), self._reserved_pool())
-            if self._caps["pool_chunks"] <= slack * fit:
+            if self._caps["pool_chunks"] <= slack * self._roomy_pool(int(_k_chunks_needed(self))):
                 return False
         target = self._scratch_nd("target", self.num_arrays)
         _k_target_trim(self, target)
@@ -478,9 +477,11 @@ class Growth:
         self._scanner.release()
         return True
 
-    def _reserved_pool(self) -> int:
-        """The pool chunks reserve= asked for, in the current chunk size."""
-        return -(-self._reserved_elements // self.chunk_size)
+    def _roomy_pool(self, chunks) -> int:
+        """The pool a lazy release keeps for lists that need `chunks` chunks: with the growth headroom, and at least
+        what reserve= asked for (held in elements: the chunk size may change)."""
+        reserved = -(-self._reserved_elements // self.chunk_size)
+        return max(bucket(chunks * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE), reserved)
 
     def _shrink_overflow(self, cap) -> bool:
         """Give the overflow area back down to `cap` slots (never below its initial size) when it is larger; True if
@@ -771,7 +772,7 @@ class Growth:
         cap = self._caps["pool_chunks"]
         # Grow before the pool is full, so that a compaction leaves room for the growths that follow.
         roomy = bucket(total * POOL_HEADROOM, POOL_STEPS_PER_OCTAVE)
-        fit = max(roomy, self._reserved_pool()) if headroom else total
+        fit = self._roomy_pool(total) if headroom else total
         regrow = total > cap or (shrink and fit < cap) or (not shrink and total * POOL_HEADROOM > cap)
         # Staging: the pool's new content, and the inline tier too when the store tree is replaced.
         tmp_base = self._n_inline if regrow else 0
