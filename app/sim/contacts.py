@@ -110,7 +110,13 @@ def record_normal(rec):
 def first_copy(rec):
     """True for a plane contact and for the first body's copy of a pair contact: counting these counts every
     contact point once."""
-    return (rec.feature & SECOND_COPY) == 0
+    return first_copy_feature(rec.feature)
+
+
+@ti.func
+def first_copy_feature(feature):
+    """first_copy of the record whose feature member is `feature`."""
+    return (feature & SECOND_COPY) == 0
 
 
 def dynamic_pool_gb(num_arrays: int, max_length: int, chunk_size: int = 8,

@@ -36,7 +36,7 @@ contacts that collide for the impact pass.
 import numpy as np
 import taichi as ti
 
-from app.sim.contacts import first_copy, pair_place, record_normal, skipping
+from app.sim.contacts import first_copy, first_copy_feature, pair_place, record_normal, skipping
 from app.sim.integrator import kernel_integrate
 from app.sim.load_paths import NORMAL_WARM, PASS_CHUNK, LoadPaths, StackProbe
 from app.sim.state import asleep
@@ -189,7 +189,8 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         inv_mass = model.body_inv_mass[i]
         vi = state.body_vel[i]
         wi = state.body_omega[i]
-        if asleep(model, state, i):   # still, and fixed for the bodies it touches (app.sim.state.asleep)
+        sleeping = asleep(model, state, i)
+        if sleeping:   # still, and fixed for the bodies it touches (app.sim.state.asleep)
             inv_mass = 0.0
             d = vec3(0.0)
             o = vec3(0.0)
@@ -213,7 +214,16 @@ def kernel_prepare(model: ti.template(), state: ti.template(), lists: ti.templat
         counted = 0
         pairs = 0   # touching pairs: mass splitting makes one sub-body of each (solve_iteration)
         spin_i = ti.cast(n, ti.f32) * model.body_inv_inertia[i].max()   # (torsional friction, below)
-        for k in range(n):
+        # A sleeper's impulses move nothing (no mass, no velocity: its motion is exactly zero either way), so it
+        # only counts its records, one member each: in a settled pile that is most of this loop's bodies.
+        n_moving = n
+        if sleeping:
+            n_moving = 0
+            for k in range(n):
+                feature = lists.get_member(li, k, "feature")
+                counted += ti.select(first_copy_feature(feature), 1, 0)
+                pairs += ti.select(pair_place(feature)[0] == 0, 1, 0)
+        for k in range(n_moving):
             rec = lists.get(li, k)
             if first_copy(rec):
                 counted += 1
