@@ -36,7 +36,7 @@ Simulation.scene_of).
 import taichi as ti
 
 from app.sim.model import MAX_LARGE_BODIES
-from app.sim.state import HELD, asleep_by_time, moves_itself
+from app.sim.state import HELD, asleep_by_time, moves_itself, still_since_last_step
 from vla.scan import exclusive_scan, scan_scratch_size
 
 # Candidate-pair classes by cost of their contact geometry: 0 sphere-sphere / sphere-plane, 1 sphere-box /
@@ -122,7 +122,7 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
             h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
             grid.body_bucket[i] = h
             grid.body_slot[i] = grid.cells.append(h, i)
-            _mark_cell_awake(model, state, grid, h, i)
+            _mark_cell_awake(model, state, grid, h, i, dt)
             if r > large_r:  # (grid_radius makes them at most MAX_LARGE_BODIES)
                 grid.large_ids[ti.atomic_add(grid.large_count[None], 1)] = i
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
@@ -135,16 +135,18 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
 
 
 @ti.func
-def _mark_cell_awake(model: ti.template(), state: ti.template(), grid: ti.template(), h, i):
+def _mark_cell_awake(model: ti.template(), state: ti.template(), grid: ti.template(), h, i, dt):
     """Mark bucket h in grid.cell_wake if body i, in it, wakes (CELL_WAKES) or holds (CELL_HOLDS) the sleepers it
-    touches in round 0 of kernel_wake_touched. Nothing when sleeping is off."""
-    if model.sleep_speed[None] > 0.0 and not asleep_by_time(model, state, i):
-        f = 0
-        if model.body_inv_mass[i] > 0.0:
-            f = CELL_HOLDS
-        if moves_itself(model, i) and state.body_vel[i].norm() + state.body_omega[i].norm() * model.body_radius[i] > \
-                model.sleep_speed[None]:
-            f |= CELL_WAKES
+    touches in round 0 of kernel_wake_touched, or has moved since last step (CELL_MOVING). Nothing when sleeping is
+    off."""
+    if model.sleep_speed[None] > 0.0:
+        f = ti.select(still_since_last_step(model, state, i, dt), 0, CELL_MOVING)
+        if not asleep_by_time(model, state, i):
+            if model.body_inv_mass[i] > 0.0:
+                f |= CELL_HOLDS
+            if moves_itself(model, i) and state.body_vel[i].norm() + state.body_omega[i].norm() * \
+                    model.body_radius[i] > model.sleep_speed[None]:
+                f |= CELL_WAKES
         if f != 0 and (grid.cell_wake[h] & f) != f:   # (most bodies share a bucket with an awake one: skip the atomic)
             ti.atomic_or(grid.cell_wake[h], f)
 
@@ -183,6 +185,9 @@ WAKE_ROUNDS = 4
 CELL_WAKES = 1
 CELL_HOLDS = 2
 CELL_WOKEN_SHIFT = 1
+# and whether a body in it has moved since last step (app.sim.state.still_since_last_step): a still body looks for
+# candidate pairs only in the buckets that have one, when still pairs keep their records (Grid.keeps_still_pairs)
+CELL_MOVING = 1 << (CELL_WOKEN_SHIFT + WAKE_ROUNDS + 1)
 
 
 @ti.func
@@ -328,7 +333,7 @@ def _static_candidates(model: ti.template(), grid: ti.template(), t, i, c, reach
 
 
 @ti.kernel
-def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template()):
+def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.template(), dt: ti.f32):
     """Candidate pairs of this step, from the grid (build() first): grid.pairs[t] lists bodies j whose
     bounding spheres come within the larger of the contact margin and the two bodies' reach over the step
     (grid.body_reach: speculative contacts, below) of body i = grid.body_order[t], each pair once (in the
@@ -344,7 +349,12 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
     box-box lane among sphere pairs.
 
     Pairs with a large body (radius > model.grid_large_radius) come from the last loop instead: every order
-    position t against every large body, listed under t; two large bodies, under the one of lower index."""
+    position t against every large body, listed under t; two large bodies, under the one of lower index.
+
+    With grid.keeps_still_pairs and sleeping on, a pair of two bodies still since last step keeps last step's
+    records (app.sim.narrowphase._keeps_still_pairs): a still body lists no planes and reads only the buckets that
+    hold a body that moved (CELL_MOVING), so a settled pile costs a flag load a bucket. (Its pairs with still bodies
+    that a moving one's bucket brings along are listed; the narrowphase skips them.)"""
     n = model.body_count[None]
     for t in range(n):  # lists from n on stay empty: Grid.reset() empties all of them when a scene loads
         for c in ti.static(range(grid.pair_classes)):
@@ -363,7 +373,11 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # contacts and sank three times as deep); the solver and the integrator skip them.
         fixed_i = model.body_inv_mass[i] == 0.0
         reach_i = grid.body_reach[i]
-        if not fixed_i:
+        still_i = False
+        if ti.static(grid.keeps_still_pairs):
+            if model.sleep_speed[None] > 0.0 and model.warm_start[None] == 1.0:
+                still_i = still_since_last_step(model, state, i, dt)
+        if not fixed_i and not still_i:
             for k in range(model.plane_count[None]):
                 # no point of the body can be deeper than its bounding sphere
                 if model.plane_offset[k] - model.plane_normal[k].dot(pi_) + ri > -ti.max(margin, reach_i):
@@ -379,7 +393,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # of visiting all 27 with j > i. (The 27 buckets are distinct: the grid's period is >= 4 cells.)
         for nb in range(13, ti.select(static_i, 13, 27)):   # (a static body's pairs: the pass above)
             h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
-            for s in range(grid.cells.length(h)):
+            for s in range(ti.select(still_i and (grid.cell_wake[h] & CELL_MOVING) == 0, 0, grid.cells.length(h))):
                 j = grid.cells.get(h, s)
                 sj = grid.body_sphere[j]
                 near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + \
@@ -427,7 +441,8 @@ class Grid:
         static_lo, static_hi: vec3 (m) by rank, their world bounding boxes; static_bits: static_bucket's layout.
     """
 
-    def __init__(self, body_capacity: int, hull_class: bool = False, static_cells: bool = False):
+    def __init__(self, body_capacity: int, hull_class: bool = False, static_cells: bool = False,
+                 keeps_still_pairs: bool = False):
         import numpy as np
 
         from vla import VLA
@@ -462,6 +477,9 @@ class Grid:
         self.body_reach = ti.field(ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
         self.cell_wake = ti.field(ti.i32, self.table_size)   # (kernel_wake_touched: CELL_WAKES, ...)
+        # still pairs keep their records (the narrowphase's _keeps_still_pairs: VLA contact lists), so the candidate
+        # pass may leave them out (kernel_candidate_pairs); compile time
+        self.keeps_still_pairs = bool(keeps_still_pairs)
         # the large bodies of this step (kernel_grid_insert; app.sim.model.grid_radius), stored indices
         self.large_ids = ti.field(ti.i32, MAX_LARGE_BODIES)
         self.large_count = ti.field(ti.i32, ())

@@ -105,7 +105,7 @@ def kernel_integrate(model: ti.template(), state_in: ti.template(), state_out: t
             q, w = rotate_keeping_momentum(q, w, mo.pw, model.body_inv_inertia[i], dt)
             # sleeping: slow for sleep_time (a woken body starts counting again). A held one (HELD) counts on, up
             # to sleep_time: it may sleep next step, and it is not taken for one that slept through this step
-            # (app.sim.narrowphase._still: a clock past sleep_time by half a step)
+            # (app.sim.state.still_since_last_step: a clock past sleep_time by half a step)
             moving = v.norm() + w.norm() * model.body_radius[i] >= model.sleep_speed[None]
             cap = ti.select(state_in.body_woken[i] == HELD, 1.0, 2.0) * model.sleep_time[None]
             slow = ti.select(moving or state_in.body_woken[i] > 0, 0.0, ti.min(slow + dt, cap))

@@ -33,7 +33,7 @@ from app.sim.math3d import (contact_tangents, decode_normal, encode_normal, quat
                          tangent_vector)
 from app.sim.load_paths import SUPPORT_COS
 from app.sim.manifold import EDGE_ABS_TOL, EDGE_REL_TOL, manifold_add, manifold_empty, plane_accepts
-from app.sim.state import asleep_by_time, moves_itself
+from app.sim.state import asleep_by_time, moves_itself, still_since_last_step
 
 vec3 = ti.types.vector(3, ti.f32)
 
@@ -645,19 +645,32 @@ def _ordered_pair(model: ti.template(), grid: ti.template(), t, j):
 
 
 @ti.func
+def _keeps_still_pairs(model: ti.template(), lists: ti.template()):
+    """Whether the pairs of bodies that have not moved since last step keep last step's records (copied by
+    _copy_still_records, never computed: a settled pile then costs no contact geometry): with sleeping on, warm
+    starting at 1 (a sleeper's impulses are not solved, so its records still hold the warm start the narrowphase
+    would compute) and VLA contact lists (the padded and dynamic ones may have dropped a record last step)."""
+    out = False
+    if ti.static(not hasattr(lists, "dropped_now")):
+        # (nested ifs: Taichi evaluates both sides of `and`, and a scene without sleeping skips the loads)
+        if model.sleep_speed[None] > 0.0:
+            out = model.warm_start[None] == 1.0
+    return out
+
+
+@ti.func
 def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template(), lists: ti.template(),
                    base, prev_base, dt, diagnostics: ti.template(), contacts: ti.template(), margin, t, j,
                    cls: ti.template()):
     """Contacts of one candidate pair of the static class cls (body grid.body_order[t] with body j, or with
-    plane -1 - j when j < 0): its manifold, appended by _emit_contacts."""
+    plane -1 - j when j < 0): its manifold, appended by _emit_contacts; nothing for a pair of two still bodies
+    while _keeps_still_pairs (their records are copied: _copy_still_records)."""
     i, jj = _ordered_pair(model, grid, t, j)
-    copied = False
-    if ti.static(not hasattr(lists, "dropped_now")):   # (a VLA: the other copy cannot have been dropped)
-        # (nested ifs: Taichi evaluates both sides of `and`, and a scene without sleeping skips the bodies' loads)
-        if model.sleep_speed[None] > 0.0 and model.warm_start[None] == 1.0:
-            if _still(model, state, i, dt) and _still(model, state, jj, dt):
-                copied = _copy_still_pair(lists, base, prev_base, diagnostics, i, jj)
-    if not copied:
+    kept = False
+    if _keeps_still_pairs(model, lists):
+        if still_since_last_step(model, state, i, dt):
+            kept = still_since_last_step(model, state, jj, dt)
+    if not kept:
         # speculative contacts out to how far the two bodies can close in the step, at least the margin
         # (app.sim.broadphase: body_reach)
         reach = grid.body_reach[i]
@@ -668,56 +681,43 @@ def _pair_contacts(model: ti.template(), state: ti.template(), grid: ti.template
 
 
 @ti.func
-def _still(model: ti.template(), state: ti.template(), b, dt):
-    """Body b (or plane -1 - b) is where it was at last step's narrowphase: a plane, a fixed body, or a body that
-    slept through the whole of the last step (app.sim.integrator leaves a sleeper where it is and adds dt to its
-    sleep clock, which reached sleep_time at the end of the step the body last moved in)."""
-    out = True
-    if b >= 0:
-        if model.body_inv_mass[b] > 0.0:
-            out = asleep_by_time(model, state, b) and \
-                state.body_slow_time[b] >= model.sleep_time[None] + 0.5 * dt
-        else:
-            out = model.body_kinematic[b] == 0
-    return out
+def _copy_still_records(model: ti.template(), state: ti.template(), lists: ti.template(), base, prev_base, dt,
+                        diagnostics: ti.template(), i):
+    """Body i, still since last step: append to its list, as they are and in their order, last step's records of
+    its pairs with still bodies and planes (still_since_last_step). Those pairs' contacts are the ones computed then,
+    to the bit, and so are the warm-start impulses the narrowphase would set (_keeps_still_pairs); every body of such
+    a pair copies its own records, so each copy of a pair's points stays one run of consecutive records
+    (_emit_contacts). The copies' deepest point counts in diagnostics.max_depth as a computed one does (its depth /
+    size was checked against penetration_limit when it was computed)."""
+    lp = prev_base + i
+    n_prev = lists.length(lp)
+    count = 0
+    for q in range(n_prev):
+        count += ti.select(_kept_record(model, state, i, lists.get_member(lp, q, "other"), dt), 1, 0)
+    if count > 0:
+        at = lists.append_n(base + i, count)
+        deepest = -1e30
+        for q in range(n_prev):
+            if _kept_record(model, state, i, lists.get_member(lp, q, "other"), dt):
+                rec = lists.get(lp, q)
+                deepest = ti.max(deepest, rec.depth)
+                lists.put(base + i, at, rec)
+                at += 1
+        atomic_max_rare(diagnostics.max_depth, deepest)
 
 
 @ti.func
-def _copy_still_pair(lists: ti.template(), base, prev_base, diagnostics: ti.template(), i, j):
-    """Append last step's records of pair (i, j) (j < 0: a plane) to both lists, as they are, and return True; False
-    (nothing appended) if last step had none. For pairs whose bodies have not moved since (_still): their contacts
-    are the ones computed then, to the bit, and so are the warm-start impulses the narrowphase would set (at
-    warm_start 1: a sleeper's impulses are not solved, so both copies still hold what they were given). A settled
-    pile then costs no contact geometry. Each copy is one run of consecutive records (the pair's points,
-    _emit_contacts), in its own order. The pair's deepest point counts in diagnostics.max_depth as a computed one
-    does (its depth / size was checked against penetration_limit when it was computed)."""
-    lp = prev_base + i
-    first = -1
-    count = 0
-    for q in range(lists.length(lp)):
-        if lists.get_member(lp, q, "other") == j:
-            first = ti.select(first < 0, q, first)
-            count += 1
-    lpj = prev_base + j
-    first_j = -1
-    if j >= 0 and count > 0:
-        for q in range(lists.length(lpj)):
-            if first_j < 0 and lists.get_member(lpj, q, "other") == i:
-                first_j = q
-    copied = count > 0 and (j < 0 or first_j >= 0)
-    if copied:
-        at = lists.append_n(base + i, count)
-        deepest = -1e30
-        for q in range(count):
-            rec = lists.get(lp, first + q)
-            deepest = ti.max(deepest, rec.depth)
-            lists.put(base + i, at + q, rec)
-        atomic_max_rare(diagnostics.max_depth, deepest)
-        if j >= 0:
-            at_j = lists.append_n(base + j, count)
-            for q in range(count):
-                lists.put(base + j, at_j + q, lists.get(lpj, first_j + q))
-    return copied
+def _kept_record(model: ti.template(), state: ti.template(), i, other, dt):
+    """Whether still body i keeps its record of last step with `other` (a body, or plane -1 - other): the other is
+    still too, and one of the two is dynamic, as in every candidate pair. A fixed body keeps only its records with
+    sleepers: those it holds with planes and fixed bodies are from before it was fixed (Simulation.set_fixed, which
+    wakes every body, so that none of its sleepers is still until the pairs have been computed again)."""
+    out = still_since_last_step(model, state, other, dt)
+    if model.body_inv_mass[i] <= 0.0:
+        out = out and other >= 0
+        if other >= 0:
+            out = out and model.body_inv_mass[other] > 0.0
+    return out
 
 
 @ti.func
@@ -882,6 +882,9 @@ def kernel_narrowphase(model: ti.template(), state: ti.template(), grid: ti.temp
     for i in range(n):
         lists.clear(base + i)
         contacts.impact_dirty[0, i] = 0   # (the impact pass's marks are this kernel's: a re-run starts clean)
+        if _keeps_still_pairs(model, lists):
+            if still_since_last_step(model, state, i, dt):
+                _copy_still_records(model, state, lists, base, prev_base, dt, diagnostics, i)
     margin = model.contact_margin[None]
     stride = grid.pair_stride
     # class 0: the flat slots of its lists (vla.iteration: list i's inline slots are i * inline_capacity ..., so
@@ -927,7 +930,7 @@ def find_contacts(model, state, grid, contacts, diagnostics, dt: float, batch=No
     the device could not commit leaves pairs out of the narrowphase, and that re-run redoes both. Both kernels empty their lists before filling them, so a re-run after a VLA grew
     needs no roll back. Padded and dynamic contact storages are not VLAs: no commit for them."""
     run = batch.launch if batch is not None else launch
-    run(kernel_candidate_pairs, model, state, grid, vlas=[grid.pairs], rollback=False)
+    run(kernel_candidate_pairs, model, state, grid, dt, vlas=[grid.pairs], rollback=False)
     # sized after the pairs' commit, which may have grown their pool
     compact = grid.ensure_compact_pairs(model.host_body_count)
     run(kernel_narrowphase, model, state, grid, contacts.lists, contacts.base, contacts.prev_base, dt, contacts,

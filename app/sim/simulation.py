@@ -165,7 +165,8 @@ class Simulation:
         contacts = ContactSet(self.contacts_kind, capacity, max_per_body=int(self._padded))
         solver = JacobiSolver(model, diagnostics, contacts.normal_warm, scene.sim["solver_iterations"])
         grid = Grid(capacity, hull_class=hulls > 0, static_cells=static_cells or has_static_bodies(scene.bodies)
-                    or getattr(getattr(self, "grid", None), "has_static", False))
+                    or getattr(getattr(self, "grid", None), "has_static", False),
+                    keeps_still_pairs=self.contacts_kind == "vla")
         reorder = Reorder(capacity)
         # its failures are recorded where the narrowphase and solver kernels look (contacts.failed_step)
         batch = Batch(failed_at=contacts.failed_step)

@@ -86,6 +86,21 @@ def asleep_by_time(model, state, i):
 
 
 @ti.func
+def still_since_last_step(model, state, b, dt):
+    """Body b (or plane -1 - b) is where it was at last step's narrowphase: a plane, a fixed body, or a body that
+    slept through the whole of the last step (app.sim.integrator leaves a sleeper where it is and adds dt to its
+    sleep clock, which reached sleep_time at the end of the step the body last moved in)."""
+    out = True
+    if b >= 0:
+        if model.body_inv_mass[b] > 0.0:
+            out = asleep_by_time(model, state, b) and \
+                state.body_slow_time[b] >= model.sleep_time[None] + 0.5 * dt
+        else:
+            out = model.body_kinematic[b] == 0
+    return out
+
+
+@ti.func
 def moves_itself(model, i):
     """Body i moves by its own velocity: a dynamic body, or a kinematic one (a fixed body does not); one that does
     can wake a sleeper it touches."""
