@@ -480,11 +480,12 @@ def test_torsional_friction_stops_a_spinning_ball_at_the_analytic_rate(sim, patc
 SLEEP_WITHIN_S = 1.5
 
 
-def _contact_records(sim):
-    """Each body's contact records in the current generation, as sorted tuples of their bytes (list order aside)."""
+def _contact_records(sim, members=None):
+    """Each body's contact records in the current generation (their `members`, default all), as sorted tuples of
+    their bytes (list order aside)."""
     offsets, values = sim.contacts.lists.to_csr()
-    rows = np.concatenate([np.asarray(values[k]).reshape(len(values[k]), -1).view(np.uint32) for k in sorted(values)],
-                          axis=1)
+    rows = np.concatenate([np.asarray(values[k]).reshape(len(values[k]), -1).view(np.uint32)
+                           for k in sorted(members or values)], axis=1)
     base = sim.contacts.base
     return [sorted(map(bytes, rows[offsets[base + i]:offsets[base + i + 1]])) for i in range(sim.body_count)]
 
@@ -501,9 +502,21 @@ def test_a_settled_pile_sleeps_and_a_dropped_body_wakes_it(sim):
     contacts = _contact_records(sim)
     _run(sim, 0.2)
     # asleep: not a bit moves, nothing has a velocity; the contacts stay, to the bit (their impulses warm for a
-    # wake-up; carried over, not computed again: app.sim.narrowphase._copy_still_pair)
+    # wake-up; carried over, not computed again: app.sim.narrowphase._copy_still_records)
     assert np.array_equal(sim.positions(), still) and not sim.velocities().any()
     assert int(sim.diagnostics.contact_total[None]) > 0 and _contact_records(sim) == contacts
+    # every body still: no candidate pair was listed (app.sim.broadphase.kernel_candidate_pairs), nothing computed
+    assert int(sim.grid.pairs.to_csr()[0][-1]) == 0
+    # and what they carried over is what the contact geometry gives: woken, every pair is computed again at the same
+    # poses, to the same points, normals, depths and pairs
+    geometry = ("point", "depth", "normal_code", "bias", "other", "feature")
+    kept = _contact_records(sim, geometry)
+    sim.wake()
+    sim.step()
+    assert _contact_records(sim, geometry) == kept
+    _run(sim, SLEEP_WITHIN_S)
+    assert sim.sleeping().all()
+    still = sim.positions().copy()
     top = float(still[:, 1].max()) + h
     sim.add_bodies([_box([0.08, 0.08, 0.08], [0.05, top + 0.5, 0.02], velocity=[0, -3, 0])])
     woke = False

@@ -1625,7 +1625,7 @@ def test_candidate_pairs_match_brute_force(sim):
     from app.sim.broadphase import kernel_candidate_pairs
     from vla import launch
 
-    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, sim.dt, vlas=[sim.grid.pairs], rollback=False)
     ref = _assert_pairs_match_brute_force(sim)
     assert len(ref) > sim.body_count and {c for c, _, _ in ref} == {0, 1, 2, 3}  # landed: all classes, > 1 pair a body
 
@@ -1681,7 +1681,16 @@ def _assert_pairs_match_brute_force(sim):
     # float32 on the device vs float64 here: only pairs within 1e-5 m of the threshold may differ
     near = {(c, i, j) for c, i, j in got ^ ref
             if j >= 0 and abs(slack[i, j]) < 1e-5}
-    assert got ^ ref == near
+    # a pair of two bodies still since last step may be left out: it keeps last step's records (VLA contact lists,
+    # sleeping on, warm start 1: app.sim.broadphase.kernel_candidate_pairs, app.sim.narrowphase._keeps_still_pairs)
+    kept = set()
+    if sim.grid.keeps_still_pairs and float(sim.model.sleep_speed[None]) > 0 and float(sim.model.warm_start[None]) == 1:
+        slow = sim.to_scene_order(sim.state.body_slow_time.to_numpy()[:n])
+        dynamic = sim.to_scene_order(sim.model.body_inv_mass.to_numpy()[:n]) > 0
+        kinematic = sim.to_scene_order(sim.model.body_kinematic.to_numpy()[:n]) != 0
+        still = np.where(dynamic, slow >= float(sim.model.sleep_time[None]) + 0.5 * sim.dt, ~kinematic)
+        kept = {(c, i, j) for c, i, j in ref - got if still[i] and (j < 0 or still[j])}
+    assert (got ^ ref) - kept == near
     return ref
 
 
@@ -1726,7 +1735,7 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
         for _ in range(steps):
             sim.step()
         sim.grid.build(sim.model, sim.state, sim.dt)
-        launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+        launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, sim.dt, vlas=[sim.grid.pairs], rollback=False)
         ref = _assert_pairs_match_brute_force(sim)
         large_small = {(i, j) for _, i, j in ref if j >= 0 and (i < 5) != (j < 5)}
         assert (2, 3) in {(i, j) for _, i, j in ref}   # the two dynamic large boxes, stacked
@@ -1740,7 +1749,7 @@ def test_large_bodies_keep_cells_small_and_every_pair(sim):
     assert sim.builder.large_body_count() == 0
     assert float(sim.model.grid_large_radius[None]) == pytest.approx(float(np.delete(radius, [0, 1, 4]).max()))
     sim.grid.build(sim.model, sim.state, sim.dt)
-    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, sim.dt, vlas=[sim.grid.pairs], rollback=False)
     assert {(i, j) for _, i, j in _assert_pairs_match_brute_force(sim)} >= {(4, j) for j in range(5, 9)}
 
 
@@ -1780,7 +1789,7 @@ def test_static_bodies_keep_cells_small_and_every_pair(sim):
     assert float(sim.model.grid_cell_size[None]) < 2.1 * np.linalg.norm([0.05, 0.04, 0.05]) + \
         2 * float(sim.model.contact_margin[None])
     sim.grid.build(sim.model, sim.state, sim.dt)
-    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, vlas=[sim.grid.pairs], rollback=False)
+    launch(kernel_candidate_pairs, sim.model, sim.state, sim.grid, sim.dt, vlas=[sim.grid.pairs], rollback=False)
     ref = _assert_pairs_match_brute_force(sim)
     static = np.arange(sim.body_count) < 4
     static[len(bodies):] = True
