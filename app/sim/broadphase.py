@@ -368,9 +368,10 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         pi_ = ti.Vector([si[0], si[1], si[2]])
         ri = si[3]
         shape_i = model.body_shape[i]
-        # Sleeping bodies keep their pairs, so that their contacts and the impulses those carry stay alive: a
-        # sleeper woken under load starts warm (without them a heavy box woken on a light one fell onto cold
-        # contacts and sank three times as deep); the solver and the integrator skip them.
+        # Sleeping bodies keep their contacts and the impulses those carry: a sleeper woken under load starts warm
+        # (without them a heavy box woken on a light one fell onto cold contacts and sank three times as deep); the
+        # solver and the integrator skip them. A still body's pairs with still bodies keep last step's records
+        # without being listed here (the docstring's last paragraph); its other pairs are listed as any body's.
         fixed_i = model.body_inv_mass[i] == 0.0
         reach_i = grid.body_reach[i]
         still_i = False
