@@ -99,10 +99,11 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
     The loops of one launch run one after the other. The order needs only each body's bucket and the slot
     its append returned plus the cell lengths, all of which are right even when an append overflowed the
     VLA (vla.launch then re-runs the whole kernel after growing it). Also each body's reach over the step
-    (grid.body_reach), and which buckets hold a body that wakes or holds its sleeping neighbours (grid.cell_wake)."""
+    (grid.body_reach), and which buckets hold a body that moved, or that wakes or holds its sleeping neighbours
+    (grid.cell_flags)."""
     for c in range(grid.table_size):
         grid.cells.clear(c)
-        grid.cell_wake[c] = 0
+        grid.cell_flags[c] = 0
     grid.large_count[None] = 0
     cs = model.grid_cell_size[None]
     large_r = model.grid_large_radius[None]
@@ -122,7 +123,7 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
             h = grid_bucket(grid_cell_of(p, cs), grid.axis_mask)
             grid.body_bucket[i] = h
             grid.body_slot[i] = grid.cells.append(h, i)
-            _mark_cell_awake(model, state, grid, h, i, dt)
+            _mark_cell(model, state, grid, h, i, dt)
             if r > large_r:  # (grid_radius makes them at most MAX_LARGE_BODIES)
                 grid.large_ids[ti.atomic_add(grid.large_count[None], 1)] = i
     exclusive_scan(grid.cells, _cell_length, grid.table_size, grid.scan_scratch, grid.bucket_start)
@@ -135,8 +136,8 @@ def kernel_grid_insert(model: ti.template(), state: ti.template(), grid: ti.temp
 
 
 @ti.func
-def _mark_cell_awake(model: ti.template(), state: ti.template(), grid: ti.template(), h, i, dt):
-    """Mark bucket h in grid.cell_wake if body i, in it, wakes (CELL_WAKES) or holds (CELL_HOLDS) the sleepers it
+def _mark_cell(model: ti.template(), state: ti.template(), grid: ti.template(), h, i, dt):
+    """Mark bucket h in grid.cell_flags if body i, in it, wakes (CELL_WAKES) or holds (CELL_HOLDS) the sleepers it
     touches in round 0 of kernel_wake_touched, or has moved since last step (CELL_MOVING). Nothing when sleeping is
     off."""
     if model.sleep_speed[None] > 0.0:
@@ -147,8 +148,8 @@ def _mark_cell_awake(model: ti.template(), state: ti.template(), grid: ti.templa
             if moves_itself(model, i) and state.body_vel[i].norm() + state.body_omega[i].norm() * \
                     model.body_radius[i] > model.sleep_speed[None]:
                 f |= CELL_WAKES
-        if f != 0 and (grid.cell_wake[h] & f) != f:   # (most bodies share a bucket with an awake one: skip the atomic)
-            ti.atomic_or(grid.cell_wake[h], f)
+        if f != 0 and (grid.cell_flags[h] & f) != f:   # (most bodies share a bucket with an awake one: skip the atomic)
+            ti.atomic_or(grid.cell_flags[h], f)
 
 
 @ti.func
@@ -178,7 +179,7 @@ def _static_order_start(model: ti.template()):
 # the other 919 asleep at step 250; 25 steps later 1,738 boxes over 0.05 m/s; held, they move as with sleeping off),
 # where a clean boundary stands.
 WAKE_ROUNDS = 4
-# grid.cell_wake, a bucket's bits: whether a body in it wakes the sleepers it touches in round 0 (CELL_WAKES), holds
+# grid.cell_flags, a bucket's bits: whether a body in it wakes the sleepers it touches in round 0 (CELL_WAKES), holds
 # them (CELL_HOLDS), or was woken in round r - 1 (1 << (CELL_WOKEN_SHIFT + r), round r >= 1). A sleeper reads the
 # bodies of a neighbouring bucket only if the bucket has the bit its round looks for: in a settled pile nearly every
 # bucket has none, and a sleeper's test is 27 flag loads instead of the bodies of 27 cells.
@@ -212,7 +213,7 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
     wanted = ti.static(CELL_WAKES | CELL_HOLDS if r == 0 else 1 << (CELL_WOKEN_SHIFT + r))
     for nb in range(27):
         h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
-        n_h = ti.select((grid.cell_wake[h] & wanted) != 0, grid.cells.length(h), 0)
+        n_h = ti.select((grid.cell_flags[h] & wanted) != 0, grid.cells.length(h), 0)
         for s in range(n_h):
             j = grid.cells.get(h, s)
             if j != i and _touching(model, grid, i, j):
@@ -229,7 +230,7 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
         state.body_woken[i] = r + 1
         ti.atomic_add(state.woken_count[r], 1)
         if ti.static(r + 1 < WAKE_ROUNDS):
-            ti.atomic_or(grid.cell_wake[grid.body_bucket[i]], 1 << (CELL_WOKEN_SHIFT + r + 1))
+            ti.atomic_or(grid.cell_flags[grid.body_bucket[i]], 1 << (CELL_WOKEN_SHIFT + r + 1))
     elif held:
         state.body_woken[i] = HELD
 
@@ -394,7 +395,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # of visiting all 27 with j > i. (The 27 buckets are distinct: the grid's period is >= 4 cells.)
         for nb in range(13, ti.select(static_i, 13, 27)):   # (a static body's pairs: the pass above)
             h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
-            for s in range(ti.select(still_i and (grid.cell_wake[h] & CELL_MOVING) == 0, 0, grid.cells.length(h))):
+            for s in range(ti.select(still_i and (grid.cell_flags[h] & CELL_MOVING) == 0, 0, grid.cells.length(h))):
                 j = grid.cells.get(h, s)
                 sj = grid.body_sphere[j]
                 near = (ti.Vector([sj[0], sj[1], sj[2]]) - pi_).norm() <= ri + sj[3] + \
@@ -477,7 +478,7 @@ class Grid:
         # grow with it: a pair of small bodies further apart than the neighbouring cells is not found.
         self.body_reach = ti.field(ti.f32, n)
         self.bucket_start = ti.field(ti.i32, self.table_size + 1)
-        self.cell_wake = ti.field(ti.i32, self.table_size)   # (kernel_wake_touched: CELL_WAKES, ...)
+        self.cell_flags = ti.field(ti.i32, self.table_size)   # a bucket's bodies, in bits: CELL_WAKES, CELL_MOVING, ...
         # still pairs keep their records (the narrowphase's _keeps_still_pairs: VLA contact lists), so the candidate
         # pass may leave them out (kernel_candidate_pairs); compile time
         self.keeps_still_pairs = bool(keeps_still_pairs)
