@@ -638,6 +638,33 @@ def test_a_box_set_on_a_sleeping_box_rests_on_warm_contacts(sim):
     assert sim.sleeping().all()
 
 
+def test_a_body_fixed_in_place_keeps_no_contacts_from_before(sim):
+    """Two boxes asleep in a stack on the floor; the lower one is fixed where it is (the viewer's f key). A fixed body
+    meets no plane, so its floor contacts end; its pair with the box on top is computed again (set_fixed wakes every
+    body) and then kept while both are still. Still bodies copy last step's records (app.sim.narrowphase.
+    _copy_still_records): the fixed box, still at once, must not carry over the floor records from when it moved."""
+    h = 0.1
+    sim.load(scene_from_dict(_scene([_box([h, h, h], [0, h, 0]), _box([h, h, h], [0, 3 * h, 0])], [FLOOR])))
+    _run(sim, 1.5)
+    assert sim.sleeping().all()
+    before = [sorted(o) for o in _contact_partners(sim)]
+    assert before[0] == [-1] * 4 + [1] * 4 and before[1] == [0] * 4   # floor and box on the bottom box
+    sim.set_fixed(0)
+    for seconds in (0.01, 1.5):   # just after, and with the top box asleep again on its fixed support
+        _run(sim, seconds)
+        assert [sorted(o) for o in _contact_partners(sim)] == [[1] * 4, [0] * 4]
+    assert sim.sleeping()[1]
+
+
+def _contact_partners(sim):
+    """Each body's contact records in the current generation: the other body (-1 - k: plane k) of each."""
+    offsets, values = sim.contacts.lists.to_csr()
+    other = np.asarray(values["other"])
+    base = sim.contacts.base
+    return [[int(sim.scene_of[o]) if o >= 0 else int(o) for o in other[offsets[base + i]:offsets[base + i + 1]]]
+            for i in (int(sim.internal_of[b]) for b in range(sim.body_count))]
+
+
 def test_sleeping_holds_at_large_steps(sim):
     """At dt = 6 ms gravity alone adds 0.06 m/s a step, more than sim.sleep_speed: resting bodies must still fall
     asleep (the speed that wakes is the one at the start of the step, without that step's gravity)."""
