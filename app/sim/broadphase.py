@@ -213,14 +213,15 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
     wanted = ti.static(CELL_WAKES | CELL_HOLDS if r == 0 else 1 << (CELL_WOKEN_SHIFT + r))
     for nb in range(27):
         h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
-        n_h = ti.select((grid.cell_flags[h] & wanted) != 0, grid.cells.length(h), 0)
+        # (once woken, the rest cannot change the outcome: woken wins over held)
+        n_h = ti.select(not woken and (grid.cell_flags[h] & wanted) != 0, grid.cells.length(h), 0)
         for s in range(n_h):
             j = grid.cells.get(h, s)
             if j != i and _touching(model, grid, i, j):
                 woken = woken or _wakes(model, state, grid, j, r)
                 if ti.static(r == 0):
                     held = held or _holds(model, state, j)
-    for q in range(grid.large_count[None]):
+    for q in range(ti.select(woken, 0, grid.large_count[None])):
         j = grid.large_ids[q]
         if j != i and _touching(model, grid, i, j):
             woken = woken or _wakes(model, state, grid, j, r)
