@@ -106,6 +106,33 @@ def test_three_contact_storages_agree(sim, padded_sim):
         assert np.abs(quat - ref[1]).max() <= STORAGE_AGREE_TOL_M, kind
 
 
+def test_sleepers_keep_their_contacts_in_every_storage(sim, padded_sim):
+    # A block of 48 boxes on the floor, asleep. With VLA contact lists a pair of two still bodies is not listed again
+    # (its records are copied: app.sim.narrowphase._keeps_still_pairs); padded lists may have dropped a record, so
+    # there every pair is found and computed each step. Both keep the same contacts, step after step.
+    h = 0.05
+    boxes = [{"shape": "box", "half_extents": [h, h, h], "position": [(ix - 1.5) * 2.1 * h, h + iy * 2 * h,
+                                                                     (iz - 1.5) * 2.1 * h], "material": "a"}
+             for iy in range(3) for iz in range(4) for ix in range(4)]
+    counts = {}
+    for kind, s in (("vla", sim), ("padded", padded_sim)):
+        s.load(scene_from_dict({"name": "block", "sim": {"dt": 0.002, "contacts": kind, "padded_capacity": 32},
+                                "materials": {"a": {"density": 1000, "friction": 0.5, "restitution": 0.0}},
+                                "static": [{"type": "plane", "normal": [0, 1, 0], "offset": 0.0, "material": "a"}],
+                                "bodies": boxes}))
+        for _ in range(750):
+            s.step()
+        assert s.sleeping().all(), kind
+        s.step()
+        counts[kind] = (s.contact_counts(), int(s.diagnostics.contact_total[None]))
+        pairs = int(s.grid.pairs.to_csr()[0][-1])
+        assert pairs == 0 if kind == "vla" else pairs >= len(boxes), (kind, pairs)   # (16 on the floor, 32 stacked)
+        s.step()
+        assert np.array_equal(s.contact_counts(), counts[kind][0]), kind
+    assert counts["vla"][1] > len(boxes) and np.array_equal(counts["vla"][0], counts["padded"][0])
+    assert counts["vla"][1] == counts["padded"][1]
+
+
 def _frame_read_field_by_field(sim):
     """What Simulation.read_frame() gathers in one read, read here one field at a time."""
     h, c = sim.diagnostics, sim.contacts
