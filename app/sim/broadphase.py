@@ -213,11 +213,17 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
     wanted = ti.static(CELL_WAKES | CELL_HOLDS if r == 0 else 1 << (CELL_WOKEN_SHIFT + r))
     for nb in range(27):
         h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
-        # (once woken, the rest cannot change the outcome: woken wins over held)
-        n_h = ti.select(not woken and (grid.cell_flags[h] & wanted) != 0, grid.cells.length(h), 0)
+        # Once woken, the rest cannot change the outcome (woken wins over held); once held, only a bucket that can
+        # wake it can. Where most bodies are awake nearly every bucket holds, and a held sleeper that read on through
+        # the bodies of all 27 cells made this round 1.8x as slow (a 15-layer pile on the CPU, 816 of its 5,000 bodies
+        # asleep or held).
+        want = wanted
+        if ti.static(r == 0):
+            want = ti.select(held, CELL_WAKES, wanted)
+        n_h = ti.select(not woken and (grid.cell_flags[h] & want) != 0, grid.cells.length(h), 0)
         for s in range(n_h):
             j = grid.cells.get(h, s)
-            if j != i and _touching(model, grid, i, j):
+            if not woken and j != i and _touching(model, grid, i, j):
                 woken = woken or _wakes(model, state, grid, j, r)
                 if ti.static(r == 0):
                     held = held or _holds(model, state, j)
