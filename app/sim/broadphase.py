@@ -189,6 +189,10 @@ CELL_WOKEN_SHIFT = 1
 # and whether a body in it has moved since last step (app.sim.state.still_since_last_step): a still body looks for
 # candidate pairs only in the buckets that have one, when still pairs keep their records (Grid.keeps_still_pairs)
 CELL_MOVING = 1 << (CELL_WOKEN_SHIFT + WAKE_ROUNDS + 1)
+# and whether a bucket within one cell of it has a body woken in round r - 1 (1 << (CELL_NEAR_WOKEN_SHIFT + r), round
+# r >= 1): set by the woken body on its 27 buckets, so that in a round after the first a sleeper reads its own bucket's
+# bit and, in most of a pile, no more (the bucket neighbourhood is symmetric, also where the hashed grid wraps)
+CELL_NEAR_WOKEN_SHIFT = CELL_WOKEN_SHIFT + WAKE_ROUNDS + 2
 
 
 @ti.func
@@ -211,7 +215,10 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
     woken = False
     held = False
     wanted = ti.static(CELL_WAKES | CELL_HOLDS if r == 0 else 1 << (CELL_WOKEN_SHIFT + r))
-    for nb in range(27):
+    near = True
+    if ti.static(r > 0):
+        near = (grid.cell_flags[grid.body_bucket[i]] & (1 << (CELL_NEAR_WOKEN_SHIFT + r))) != 0
+    for nb in range(ti.select(near, 27, 0)):
         h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
         # Once woken, the rest cannot change the outcome (woken wins over held); once held, only a bucket that can
         # wake it can. Where most bodies are awake nearly every bucket holds, and a held sleeper that read on through
@@ -238,6 +245,9 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
         ti.atomic_add(state.woken_count[r], 1)
         if ti.static(r + 1 < WAKE_ROUNDS):
             ti.atomic_or(grid.cell_flags[grid.body_bucket[i]], 1 << (CELL_WOKEN_SHIFT + r + 1))
+            for nb in range(27):
+                ti.atomic_or(grid.cell_flags[grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]),
+                                                         grid.axis_mask)], 1 << (CELL_NEAR_WOKEN_SHIFT + r + 1))
     elif held:
         state.body_woken[i] = HELD
 

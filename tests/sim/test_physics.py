@@ -14,6 +14,7 @@ ti = pytest.importorskip("taichi")
 
 from app.runtime import taichi_options  # noqa: E402
 from app.scene import scene_from_dict  # noqa: E402
+from app.sim.broadphase import WAKE_ROUNDS  # noqa: E402
 from app.sim.load_paths import PASS_CHUNK, STACK_SHARE  # noqa: E402
 
 CAPACITY = 64
@@ -553,6 +554,31 @@ def test_a_body_falls_asleep_only_with_the_bodies_it_touches(sim):
     assert sim.state.body_slow_time.to_numpy()[order[-2]] == np.float32(limit)   # held: counted on, not restarted
     _run(sim, limit + 0.1)
     assert sim.sleeping().all()
+
+
+def test_a_wake_travels_one_body_a_round_along_a_sleeping_row(sim):
+    """A row of 12 boxes asleep on the floor, across several grid cells; the first is set moving (clock restarted,
+    faster than sleep_speed). In its step round 0 wakes the box beside it and each later round the next one
+    (app.sim.broadphase.kernel_wake_touched), WAKE_ROUNDS boxes in all; the rest sleep on. Fails if a round looks
+    at a bucket it should not skip, or reads one it should."""
+    h = 0.1
+    n_boxes = 12
+    sim.load(scene_from_dict(_scene([_box([h, h, h], [2.1 * h * k, h, 0]) for k in range(n_boxes)], [FLOOR])))
+    _run(sim, SLEEP_WITHIN_S)
+    assert sim.sleeping().all()
+    cell = float(sim.model.grid_cell_size[None])
+    assert 2.1 * h * (n_boxes - 1) > 3 * cell   # the wake crosses buckets
+    n = sim.body_count
+    first = int(np.argmin(sim.state.body_pos.to_numpy()[:n, 0]))   # (storage order)
+    v = sim.state.body_vel.to_numpy()
+    v[first] = [-0.3, 0.0, 0.0]
+    sim.state.body_vel.from_numpy(v)
+    clock = sim.state.body_slow_time.to_numpy()
+    clock[first] = 0.0
+    sim.state.body_slow_time.from_numpy(clock)
+    sim.step()
+    asleep = sim.sleeping()[np.argsort(sim.positions()[:, 0])]   # along the row
+    assert asleep.tolist() == [False] * (1 + WAKE_ROUNDS) + [True] * (n_boxes - 1 - WAKE_ROUNDS)
 
 
 @ti.kernel
