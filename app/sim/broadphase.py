@@ -222,8 +222,8 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
         h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
         # Once woken, the rest cannot change the outcome (woken wins over held); once held, only a bucket that can
         # wake it can. Where most bodies are awake nearly every bucket holds, and a held sleeper that read on through
-        # the bodies of all 27 cells made this round 1.5-1.8x as slow (a 15-layer pile on the CPU, 816 of its 5,000 bodies
-        # asleep or held).
+        # the bodies of all 27 cells made this round 1.5-1.8x as slow (a 15-layer pile on the CPU, 816 of its 5,000
+        # bodies asleep or held).
         want = wanted
         if ti.static(r == 0):
             want = ti.select(held, CELL_WAKES, wanted)
