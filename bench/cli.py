@@ -12,7 +12,8 @@ BENCHES = {
     "batch": "bench.batch_bench",
 }
 # Tools for working on the simulator and viewer (bench/dev/): where a step's time goes, lane use, reproducibility,
-# compile time, solver convergence on stacks, what ending an offscreen frame costs
+# compile time, solver convergence on stacks, what ending an offscreen frame costs, the contact storage's memory
+# through a pile's landing
 DEV_BENCHES = {
     "profile": "bench.dev.profile_bench",
     "lanes": "bench.dev.lanes_bench",
@@ -20,6 +21,7 @@ DEV_BENCHES = {
     "compile": "bench.dev.compile_bench",
     "stacks": "bench.dev.stacks_bench",
     "frame-end": "bench.dev.frame_end_bench",
+    "contact-memory": "bench.dev.contact_memory_bench",
 }
 
 

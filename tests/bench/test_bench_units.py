@@ -1,5 +1,5 @@
 """The benchmarks' own arithmetic: how bench sim and bench vla take turns, ratios and medians, and bench lanes'
-statistic. No Taichi."""
+statistic, and the contact-memory slice's scene. No Taichi kernel runs."""
 import numpy as np
 import pytest
 
@@ -113,3 +113,24 @@ def test_sim_bench_capacity_reaches_the_simulation_and_rejects_nonsense(tmp_path
     run = json.loads((out / "sim_bench.json").read_text())["runs"][0]
     # the grid and the contact lists are sized by the body capacity: more than bounce's own (16 bodies) gets
     assert run["bodies"] < 16 and run["contact_storage_stats"]["arrays"] >= 2 * 4096
+
+
+def test_contact_memory_slice_keeps_pile_1m_density_and_heights():
+    # bench contact-memory: the slice's container holds its bodies at pile_1m's bodies per square metre (the yaml's
+    # 1,000,000 in 20 x 20 m), poured from pile_1m's heights, and the scene loads (its region holds the count).
+    import yaml
+
+    from app.scene import load_scene
+    from bench.dev.contact_memory_bench import ROOT, slice_overrides
+
+    with open(f"{ROOT}/scenes/pile_1m.yaml") as f:
+        full = yaml.safe_load(f)
+    size_full, gen_full = full["static"][0]["size"], full["bodies"][0]
+    for bodies in (2000, 15500):
+        part = load_scene(f"{ROOT}/scenes/pile_1m.yaml", slice_overrides(bodies))
+        assert part.body_count == bodies
+        size, gen = part.statics[0]["size"], part.raw["bodies"][0]
+        assert bodies / (size[0] * size[2]) == pytest.approx(gen_full["count"] / (size_full[0] * size_full[2]),
+                                                             rel=1e-3)
+        assert size[1] == size_full[1]
+        assert (gen["min"][1], gen["max"][1]) == (gen_full["min"][1], gen_full["max"][1])
