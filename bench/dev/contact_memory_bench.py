@@ -7,9 +7,8 @@ pile_1m pours 1,000,000 bodies from up to 17 m into a 20 x 20 m container. The s
 the same heights into a container scaled to the same bodies per square metre, so that its rain, its landing and
 its contacts per body are pile_1m's. Every --every steps it reports the VLA contact storage's reserved bytes (the
 inline tier, pool, overflow area and metadata: vla.VLA.stats) against its live records' bytes (both generations:
-last step's records are the warm start), how the pool is used, and the fastest body. The simulation releases
-what the lists no longer need every 500 steps once they stop growing (Simulation.release_interval,
-docs/simulator.md).
+last step's records are the warm start), how the pool is used, and the fastest body. The simulation releases what
+the lists no longer need every 500 steps once they stop growing (Simulation.release_interval, docs/simulator.md).
 The byte counts are the same on any device. The default body count fills its power-of-two capacity (16,384) about
 as pile_1m fills its own (2^20); a count just above a power of two leaves up to half the lists, and their inline
 slots, unused.
@@ -22,16 +21,23 @@ import numpy as np
 from bench.common import markdown_table, write_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
-PILE_1M_BODIES = 1_000_000
-PILE_1M_SIDE_M = 20.0
+PILE_1M = os.path.join(ROOT, "scenes", "pile_1m.yaml")
 
 
 def slice_overrides(bodies: int) -> tuple:
-    """Scene overrides of scenes/pile_1m.yaml for `bodies` of its bodies at its density (bodies per square metre)."""
-    side = PILE_1M_SIDE_M * (bodies / PILE_1M_BODIES) ** 0.5
-    half = side / 2 - 0.05
-    return (f"bodies.0.count={bodies}", f"static.0.size=[{side:.4f}, 6, {side:.4f}]",
-            f"bodies.0.min=[{-half:.4f}, 0.1, {-half:.4f}]", f"bodies.0.max=[{half:.4f}, 17, {half:.4f}]")
+    """Scene overrides of scenes/pile_1m.yaml for `bodies` of its bodies at its density (bodies per square metre of
+    its container), poured from its heights."""
+    import yaml
+
+    with open(PILE_1M) as f:
+        scene = yaml.safe_load(f)
+    size, gen = scene["static"][0]["size"], scene["bodies"][0]
+    scale = (bodies / gen["count"]) ** 0.5
+    margin = size[0] / 2 - gen["max"][0]   # (the generator's region inside the walls)
+    sx, sz = size[0] * scale, size[2] * scale
+    return (f"bodies.0.count={bodies}", f"static.0.size=[{sx:.4f}, {size[1]}, {sz:.4f}]",
+            f"bodies.0.min=[{margin - sx / 2:.4f}, {gen['min'][1]}, {margin - sz / 2:.4f}]",
+            f"bodies.0.max=[{sx / 2 - margin:.4f}, {gen['max'][1]}, {sz / 2 - margin:.4f}]")
 
 
 def main(argv=None) -> int:
@@ -53,7 +59,7 @@ def main(argv=None) -> int:
     from app.sim import Simulation
 
     arch = ensure_taichi(args.arch, verbose=True)
-    scene = load_scene(os.path.join(ROOT, "scenes", "pile_1m.yaml"), slice_overrides(args.bodies))
+    scene = load_scene(PILE_1M, slice_overrides(args.bodies))
     sim = Simulation(scene, verbose=False)
     rows = []
     # one step after each multiple of --every: a scene of 20,000 bodies or more re-sorts its bodies every 500 steps

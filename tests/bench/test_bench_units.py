@@ -121,13 +121,13 @@ def test_contact_memory_slice_keeps_pile_1m_density_and_heights():
     import yaml
 
     from app.scene import load_scene
-    from bench.dev.contact_memory_bench import ROOT, slice_overrides
+    from bench.dev.contact_memory_bench import PILE_1M, slice_overrides
 
-    with open(f"{ROOT}/scenes/pile_1m.yaml") as f:
+    with open(PILE_1M) as f:
         full = yaml.safe_load(f)
     size_full, gen_full = full["static"][0]["size"], full["bodies"][0]
     for bodies in (2000, 15500):
-        part = load_scene(f"{ROOT}/scenes/pile_1m.yaml", slice_overrides(bodies))
+        part = load_scene(PILE_1M, slice_overrides(bodies))
         assert part.body_count == bodies
         size, gen = part.statics[0]["size"], part.raw["bodies"][0]
         assert bodies / (size[0] * size[2]) == pytest.approx(gen_full["count"] / (size_full[0] * size_full[2]),
