@@ -581,6 +581,36 @@ def test_a_wake_travels_one_body_a_round_along_a_sleeping_row(sim):
     assert asleep.tolist() == [False] * (1 + WAKE_ROUNDS) + [True] * (n_boxes - 1 - WAKE_ROUNDS)
 
 
+def test_a_sleeper_held_by_a_slow_body_is_woken_by_a_fast_one(sim):
+    """Three boxes asleep in a row, A | S | F, A's centre a grid cell below S's and F's in x (the wake pass reads
+    A's bucket first). A's clock restarts (awake, at rest: it holds S) and F is set moving (it wakes S). Woken wins
+    over held: S's clock restarts, and A's and F's neighbours beyond S see nothing. Fails if a held sleeper stops
+    reading the buckets that can still wake it."""
+    h = 0.1
+
+    def row(x0):
+        return scene_from_dict(_scene([_box([h, h, h], [x0 + 2.1 * h * k, h, 0]) for k in range(3)], [FLOOR]))
+
+    sim.load(row(0.0))
+    cell = float(sim.model.grid_cell_size[None])
+    s_x = 0.25 * cell   # S and F (S + 2.1 h) in cell 0, A (S - 2.1 h) in cell -1
+    assert 0 <= s_x + 2.1 * h < cell and s_x - 2.1 * h < 0
+    sim.load(row(s_x - 2.1 * h))
+    _run(sim, SLEEP_WITHIN_S)
+    assert sim.sleeping().all()
+    n = sim.body_count
+    a, s, f = np.argsort(sim.state.body_pos.to_numpy()[:n, 0])   # (storage order)
+    limit = float(sim.model.sleep_time[None])
+    clock = sim.state.body_slow_time.to_numpy()
+    clock[a] = clock[f] = 0.0
+    sim.state.body_slow_time.from_numpy(clock)
+    v = sim.state.body_vel.to_numpy()
+    v[f] = [0.3, 0.0, 0.0]
+    sim.state.body_vel.from_numpy(v)
+    sim.step()
+    assert sim.state.body_slow_time.to_numpy()[s] < limit   # woken: its clock started again (held would keep it)
+
+
 @ti.kernel
 def _rename_one_point(lists: ti.template(), li: ti.i32, other: ti.i32):
     """Give the first record of list li that touches body `other` a feature id no manifold uses, as when a manifold's
