@@ -68,6 +68,12 @@ def grid_cell_of(p, cell_size):
 
 
 @ti.func
+def neighbour_cell(c, nb):
+    """Cell nb (0..26) of the 3 x 3 x 3 block around integer cell c, x fastest; nb = 13 is c itself."""
+    return c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1])
+
+
+@ti.func
 def _spread_bits3(x):
     """Bits 0..9 of x moved to bits 0, 3, 6, ..., 27 (Morton interleave helper)."""
     x = x & 0x3FF
@@ -219,7 +225,7 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
     if ti.static(r > 0):
         near = (grid.cell_flags[grid.body_bucket[i]] & (1 << (CELL_NEAR_WOKEN_SHIFT + r))) != 0
     for nb in range(ti.select(near, 27, 0)):
-        h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
+        h = grid_bucket(neighbour_cell(c, nb), grid.axis_mask)
         # Once woken, the rest cannot change the outcome (woken wins over held); once held, only a bucket that can
         # wake it can. Where most bodies are awake nearly every bucket holds, and a held sleeper that read on through
         # the bodies of all 27 cells made this round 1.5-1.8x as slow (a 15-layer pile on the CPU, 816 of its 5,000
@@ -246,8 +252,8 @@ def _wake_from_neighbours(model: ti.template(), state: ti.template(), grid: ti.t
         if ti.static(r + 1 < WAKE_ROUNDS):
             ti.atomic_or(grid.cell_flags[grid.body_bucket[i]], 1 << (CELL_WOKEN_SHIFT + r + 1))
             for nb in range(27):
-                ti.atomic_or(grid.cell_flags[grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]),
-                                                         grid.axis_mask)], 1 << (CELL_NEAR_WOKEN_SHIFT + r + 1))
+                ti.atomic_or(grid.cell_flags[grid_bucket(neighbour_cell(c, nb), grid.axis_mask)],
+                             1 << (CELL_NEAR_WOKEN_SHIFT + r + 1))
     elif held:
         state.body_woken[i] = HELD
 
@@ -338,12 +344,12 @@ def _static_candidates(model: ti.template(), grid: ti.template(), t, i, c, reach
             _static_candidate(model, grid, t, i, grid.static_cells.get(h, s), reach_i)
     else:
         for nb in range(27):
-            h = static_bucket(grid, c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]))
+            h = static_bucket(grid, neighbour_cell(c, nb))
             for s in range(grid.static_cells.length(h)):
                 rank = grid.static_cells.get(h, s)
                 seen = False
                 for nb2 in range(nb):
-                    h2 = static_bucket(grid, c + ti.Vector([nb2 % 3 - 1, (nb2 // 3) % 3 - 1, nb2 // 9 - 1]))
+                    h2 = static_bucket(grid, neighbour_cell(c, nb2))
                     for s2 in range(grid.static_cells.length(h2)):
                         seen = seen or grid.static_cells.get(h2, s2) == rank
                 if not seen:
@@ -411,7 +417,7 @@ def kernel_candidate_pairs(model: ti.template(), state: ti.template(), grid: ti.
         # one of them, the one whose positive half holds the other's cell: half the cells and distance tests
         # of visiting all 27 with j > i. (The 27 buckets are distinct: the grid's period is >= 4 cells.)
         for nb in range(13, ti.select(static_i, 13, 27)):   # (a static body's pairs: the pass above)
-            h = grid_bucket(c + ti.Vector([nb % 3 - 1, (nb // 3) % 3 - 1, nb // 9 - 1]), grid.axis_mask)
+            h = grid_bucket(neighbour_cell(c, nb), grid.axis_mask)
             for s in range(ti.select(still_i and (grid.cell_flags[h] & CELL_MOVING) == 0, 0, grid.cells.length(h))):
                 j = grid.cells.get(h, s)
                 sj = grid.body_sphere[j]
